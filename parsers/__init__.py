@@ -1,0 +1,1 @@
+"""Input formats: one module per format (importable as tracekit.parsers)."""

@@ -1,0 +1,268 @@
+"""PyTorch profiler (Kineto) Chrome-trace JSON -> event_rows, runs, processes, threads, streams.
+
+The events array is read by DuckDB in parallel (see json_slice for why it is cut out first); every
+column is derived in that one SQL pass. Timestamps are read as DECIMAL(38,3) because absolute epoch
+microseconds with a ns fraction (~1.7e15.xyz) do not fit a double exactly.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import orjson
+
+from tracekit.errors import InputError
+from tracekit.schema import CATEGORY_KINDS, DEVICE_KINDS
+
+from .json_slice import Staged
+
+FORMAT = "kineto"
+
+# Every key the Trace Event Format and Kineto define for an event. Keys outside this set are found
+# by sampling (see _extra_keys) and kept in event_rows.extra.
+EVENT_COLUMNS = {
+    "ph": "VARCHAR",
+    "cat": "VARCHAR",
+    "name": "VARCHAR",
+    "pid": "VARCHAR",
+    "tid": "VARCHAR",
+    "ts": "DECIMAL(38,3)",
+    "dur": "DECIMAL(38,3)",
+    "id": "VARCHAR",
+    "bp": "VARCHAR",
+    "s": "VARCHAR",
+    "args": "JSON",
+}
+SPEC_EXTRA_KEYS = ("id2", "scope", "cname", "tts", "tdur", "bind_id", "flow_in", "flow_out")
+
+FLOW_CATEGORIES = ("ac2g", "async_cpu_to_gpu", "async", "fwdbwd")
+RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "mtia_runtime")
+
+RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+def sniff(head: bytes) -> bool:
+    """True for Chrome-trace JSON (Kineto writes this layout)."""
+    return b'"traceEvents"' in head or head.lstrip()[:1] == b"["
+
+
+def _sql_str(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _kind_expr() -> str:
+    cases = " ".join(f"WHEN {_sql_str(cat)} THEN {_sql_str(kind)}" for cat, kind in CATEGORY_KINDS.items())
+    flows = ", ".join(_sql_str(c) for c in FLOW_CATEGORIES)
+    return f"""CASE
+        WHEN ph = 'M' THEN 'metadata'
+        WHEN ph = 'C' THEN 'counter'
+        WHEN ph IN ('s', 't', 'f') OR lower(cat) IN ({flows}) THEN 'flow'
+        WHEN ph IN ('b', 'e', 'n') THEN 'async'
+        WHEN ph IN ('i', 'I') AND name = '[memory]' THEN 'memory'
+        WHEN cat IS NULL THEN CASE WHEN ph IN ('i', 'I') THEN 'instant' ELSE 'other' END
+        ELSE CASE lower(cat) {cases} ELSE regexp_replace(lower(cat), '[^a-z0-9]+', '_', 'g') END
+    END"""
+
+
+def _skip_reason_expr() -> str:
+    return """CASE
+        WHEN ph IS NULL THEN 'missing ph'
+        WHEN ts IS NULL AND ph <> 'M' THEN 'missing ts'
+        WHEN ph = 'X' AND dur IS NULL THEN 'complete event without dur'
+        WHEN ph = 'X' AND dur < 0 THEN 'negative dur'
+    END"""
+
+
+def _extra_keys(con, array_path: Path) -> list[str]:
+    """Top-level event keys outside the known set, from DuckDB's schema sample of the array."""
+    try:
+        rows = con.execute(
+            "DESCRIBE SELECT * FROM read_json(?, format='array', maximum_depth=1, sample_size=20480)",
+            [str(array_path)],
+        ).fetchall()
+    except Exception:  # the real read reports malformed input with a position
+        return []
+    known = set(EVENT_COLUMNS)
+    return [r[0] for r in rows if r[0] not in known]
+
+
+def load(con, staged: Staged, run_id: int, tmp_table: str = "_staging") -> dict:
+    """Insert one staged trace as run `run_id`; returns counts for the ingest log."""
+    extra = sorted(set(_extra_keys(con, staged.array_path)) | set())
+    columns = dict(EVENT_COLUMNS)
+    for key in extra:
+        columns[key] = "JSON"
+    columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
+    extra_sql = (
+        "json_object(" + ", ".join(f"{_sql_str(k)}, \"{k}\"" for k in extra) + ")" if extra else "NULL::JSON"
+    )
+    base_ns = _base_time_ns(staged.metadata)
+    device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
+    runtime_kinds = ", ".join(_sql_str(k) for k in RUNTIME_KINDS)
+    sql = f"""
+    INSERT INTO event_rows
+    WITH raw AS (
+        SELECT *, {_kind_expr()} AS kind0, {_skip_reason_expr()} AS skip_reason,
+               TRY_CAST(pid AS BIGINT) AS pid_n,
+               coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT)) AS tid_n
+        FROM read_json(?, format='array', columns={columns_sql})
+    ), keyed AS (
+        SELECT *,
+               CASE WHEN kind0 IN ({device_kinds}) OR kind0 IN ({runtime_kinds})
+                    THEN json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"'])
+               END AS a
+        FROM raw
+    )
+    SELECT {run_id},
+           CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,
+           ph, cat, name,
+           CAST(round(ts * 1000) AS BIGINT) + {base_ns},
+           CAST(round(dur * 1000) AS BIGINT),
+           pid_n, tid_n,
+           CASE WHEN pid_n IS NULL OR tid_n IS NULL OR TRY_CAST(tid AS BIGINT) IS NULL THEN pid || '/' || tid END,
+           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[1] AS INTEGER), TRY_CAST(pid_n AS INTEGER)) END,
+           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
+           CASE WHEN kind0 = 'flow' AND lower(cat) IN ('ac2g', 'async_cpu_to_gpu', 'async') THEN TRY_CAST(id AS BIGINT)
+                ELSE TRY_CAST(a[3] AS BIGINT) END,
+           TRY_CAST(coalesce(a[4], a[5], CASE WHEN kind0 NOT IN ({device_kinds}) AND kind0 NOT IN ({runtime_kinds})
+                                               THEN coalesce(args->>'External id', args->>'external id') END) AS BIGINT),
+           CASE WHEN kind0 = 'flow' THEN id END,
+           args,
+           {extra_sql},
+           NULL, NULL
+    FROM keyed
+    """
+    before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
+    try:
+        con.execute(sql, [str(staged.array_path)])
+    except Exception as e:  # duckdb.Error subclasses; message carries the byte position
+        raise _input_error(staged, e) from None
+    after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
+    skipped = dict(
+        con.execute(
+            "SELECT substr(kind, 7), count(*) FROM event_rows WHERE run_id = ? AND kind LIKE '\\_skip:%' ESCAPE '\\' GROUP BY 1",
+            [run_id],
+        ).fetchall()
+    )
+    if skipped:
+        con.execute("DELETE FROM event_rows WHERE run_id = ? AND kind LIKE '\\_skip:%' ESCAPE '\\'", [run_id])
+    read = after - before
+    notes = {}
+    if extra:
+        notes["extra_event_keys"] = extra
+    if "baseTimeNanoseconds" in staged.metadata:
+        notes["clock"] = "epoch ns = baseTimeNanoseconds + ts * 1000"
+    else:
+        notes["clock"] = "ns = ts * 1000 (no baseTimeNanoseconds)"
+    return {"events_read": read, "events_skipped": sum(skipped.values()), "skipped_reasons": skipped, "notes": notes}
+
+
+def _base_time_ns(meta: dict) -> int:
+    base = meta.get("baseTimeNanoseconds")
+    try:
+        return int(base) if base is not None else 0
+    except (TypeError, ValueError):
+        return 0
+
+
+_POSITION = re.compile(r"(?:byte|position|offset)\s*(\d+)", re.IGNORECASE)
+
+
+def _input_error(staged: Staged, err: Exception) -> InputError:
+    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
+    m = _POSITION.search(str(err))
+    where = f"byte {staged.array_offset + int(m.group(1))}" if m else "traceEvents"
+    msg = re.sub(r"^[A-Za-z ]*Error:\s*", "", msg)
+    msg = msg.replace(str(staged.array_path), "input")
+    return InputError(staged.source, where, f"expected well-formed trace events ({msg})")
+
+
+def describe_run(staged: Staged, rank_override: int | None, label: str | None) -> dict:
+    """The runs row for a staged file: rank from distributedInfo, else the file name, else --rank."""
+    meta = staged.metadata
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    rank, world, source = None, dist.get("world_size"), None
+    if isinstance(dist.get("rank"), int):
+        rank, source = dist["rank"], "distributedInfo"
+    else:
+        m = RANK_IN_NAME.search(staged.source.name)
+        if m:
+            rank, source = int(m.group(1)), "file name"
+        elif rank_override is not None:
+            rank, source = rank_override, "--rank"
+    devices = meta.get("deviceProperties")
+    rest = {k: v for k, v in meta.items() if k != "deviceProperties"}
+    return {
+        "source": str(staged.source),
+        "format": FORMAT,
+        "label": label or _stem(staged.source),
+        "rank": rank,
+        "world_size": world if isinstance(world, int) else None,
+        "rank_source": source,
+        "device_properties": orjson.dumps(devices).decode() if devices is not None else None,
+        "metadata": orjson.dumps(rest, default=str).decode(),
+        "base_time_ns": _base_time_ns(meta) or None,
+    }
+
+
+def _stem(path: Path) -> str:
+    name = path.name
+    for suffix in (".gz", ".json"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    return name
+
+
+def fill_entities(con, run_id: int) -> None:
+    """processes / threads / streams from metadata events and from the tracks events use."""
+    con.execute(
+        """
+        INSERT INTO processes
+        SELECT ?, pid,
+               max(CASE WHEN name = 'process_name' THEN args->>'name' END),
+               max(CASE WHEN name = 'process_labels' THEN args->>'labels' END),
+               max(CASE WHEN name = 'process_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END)
+        FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND pid IS NOT NULL
+          AND name IN ('process_name', 'process_labels', 'process_sort_index')
+        GROUP BY pid
+        """,
+        [run_id, run_id],
+    )
+    device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
+    con.execute(
+        f"""
+        INSERT INTO threads
+        WITH named AS (
+            SELECT pid, tid,
+                   max(CASE WHEN name = 'thread_name' THEN args->>'name' END) AS name,
+                   max(CASE WHEN name = 'thread_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END) AS sort_index
+            FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND tid IS NOT NULL AND pid IS NOT NULL
+              AND name IN ('thread_name', 'thread_sort_index')
+            GROUP BY pid, tid
+        ), used AS (
+            SELECT DISTINCT pid, tid FROM event_rows
+            WHERE run_id = ? AND kind NOT IN ('metadata', {device_kinds}) AND pid IS NOT NULL AND tid IS NOT NULL
+              AND NOT (kind = 'flow' AND ph = 'f')
+        )
+        , device_tracks AS (
+            SELECT DISTINCT pid, tid FROM event_rows WHERE run_id = ? AND kind IN ({device_kinds})
+        )
+        SELECT ?, t.pid, t.tid, t.name, t.sort_index
+        FROM (SELECT pid, tid, named.name, named.sort_index FROM used FULL OUTER JOIN named USING (pid, tid)) t
+        ANTI JOIN device_tracks d ON t.pid = d.pid AND t.tid = d.tid
+        """,
+        [run_id, run_id, run_id, run_id],
+    )
+    con.execute(
+        f"""
+        INSERT INTO streams
+        SELECT ?, s.device, s.stream, max(m.args->>'name')
+        FROM (SELECT DISTINCT device, stream FROM event_rows
+              WHERE run_id = ? AND kind IN ({device_kinds}) AND device IS NOT NULL AND stream IS NOT NULL) s
+        LEFT JOIN event_rows m ON m.run_id = ? AND m.kind = 'metadata' AND m.name = 'thread_name'
+             AND m.pid = s.device AND m.tid = s.stream
+        GROUP BY s.device, s.stream
+        """,
+        [run_id, run_id, run_id],
+    )

@@ -1,0 +1,42 @@
+"""parent_id / depth of complete (ph X) events: the call tree on each thread and each GPU stream.
+
+A sweep over start and end points per track gives each event's nesting level; its parent is then
+the latest earlier start one level up (an ASOF join), both set-based so they run inside DuckDB.
+Ties: at the same instant ends come before starts (adjacent siblings do not nest), the longer of two
+events that start together is the outer one, and a zero-length event ends after it starts.
+"""
+
+NESTING_SQL = """
+CREATE OR REPLACE TEMP TABLE _nesting AS
+WITH x AS (
+    SELECT rowid AS id, hash(pid, tid, track) AS track_key, ts_ns AS ts, ts_ns + dur_ns AS te, dur_ns
+    FROM event_rows
+    WHERE run_id = $run_id AND ph = 'X' AND dur_ns IS NOT NULL AND kind <> 'profiler_span'
+), points AS (
+    SELECT track_key, id, ts AS t, 1 AS typ, -dur_ns AS k2 FROM x
+    UNION ALL
+    SELECT track_key, id, te AS t, CASE WHEN dur_ns = 0 THEN 2 ELSE 0 END AS typ, 0 AS k2 FROM x
+), swept AS (
+    SELECT track_key, id, typ,
+           sum(CASE WHEN typ = 1 THEN 1 ELSE -1 END) OVER w AS level,
+           row_number() OVER w AS pos
+    FROM points
+    WINDOW w AS (PARTITION BY track_key ORDER BY t, typ, k2, id ROWS UNBOUNDED PRECEDING)
+), starts AS (
+    SELECT track_key, id, pos, CAST(level - 1 AS INTEGER) AS depth FROM swept WHERE typ = 1
+)
+SELECT c.id, p.id AS parent_id, c.depth
+FROM starts c ASOF LEFT JOIN starts p
+  ON c.track_key = p.track_key AND c.depth - 1 = p.depth AND c.pos > p.pos
+"""
+
+
+def compute_nesting(con, run_id: int) -> None:
+    con.execute(NESTING_SQL, {"run_id": run_id})
+    con.execute(
+        """
+        UPDATE event_rows SET parent_id = n.parent_id, depth = n.depth
+        FROM _nesting n WHERE event_rows.rowid = n.id
+        """
+    )
+    con.execute("DROP TABLE _nesting")

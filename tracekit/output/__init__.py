@@ -1,0 +1,1 @@
+"""Renderers: findings and summaries to text, markdown and JSON."""
