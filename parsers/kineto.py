@@ -67,6 +67,8 @@ def _kind_expr() -> str:
 
 def _skip_reason_expr() -> str:
     return """CASE
+        WHEN ph IS NULL AND ts IS NULL AND name IS NULL AND cat IS NULL AND args IS NULL AND pid IS NULL
+            THEN 'not a JSON object'
         WHEN ph IS NULL THEN 'missing ph'
         WHEN ts IS NULL AND ph <> 'M' THEN 'missing ts'
         WHEN ph = 'X' AND dur IS NULL THEN 'complete event without dur'
@@ -87,8 +89,23 @@ def _extra_keys(con, array_path: Path) -> list[str]:
     return [r[0] for r in rows if r[0] not in known]
 
 
-def load(con, staged: Staged, run_id: int, tmp_table: str = "_staging") -> dict:
-    """Insert one staged trace as run `run_id`; returns counts for the ingest log."""
+def load(con, staged: Staged, run_id: int) -> dict:
+    """Insert one staged trace as run `run_id`; returns counts for the ingest log.
+
+    Malformed JSON is fatal (with its position). Well-formed elements that are not objects (a
+    number, a string) are read again with ignore_errors, which turns them into empty rows that
+    are then counted as skipped.
+    """
+    try:
+        return _load(con, staged, run_id, ignore_errors=False)
+    except InputError as e:
+        if "transform error" not in str(e).lower():
+            raise
+    con.execute("DELETE FROM event_rows WHERE run_id = ?", [run_id])
+    return _load(con, staged, run_id, ignore_errors=True)
+
+
+def _load(con, staged: Staged, run_id: int, ignore_errors: bool) -> dict:
     extra = sorted(set(_extra_keys(con, staged.array_path)) | set())
     columns = dict(EVENT_COLUMNS)
     for key in extra:
@@ -100,13 +117,14 @@ def load(con, staged: Staged, run_id: int, tmp_table: str = "_staging") -> dict:
     base_ns = _base_time_ns(staged.metadata)
     device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
     runtime_kinds = ", ".join(_sql_str(k) for k in RUNTIME_KINDS)
+    ignore_errors = "true" if ignore_errors else "false"
     sql = f"""
     INSERT INTO event_rows
     WITH raw AS (
         SELECT *, {_kind_expr()} AS kind0, {_skip_reason_expr()} AS skip_reason,
                TRY_CAST(pid AS BIGINT) AS pid_n,
                coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT)) AS tid_n
-        FROM read_json(?, format='array', columns={columns_sql})
+        FROM read_json(?, format='array', columns={columns_sql}, ignore_errors={ignore_errors})
     ), keyed AS (
         SELECT *,
                CASE WHEN kind0 IN ({device_kinds}) OR kind0 IN ({runtime_kinds})
@@ -166,13 +184,13 @@ def _base_time_ns(meta: dict) -> int:
         return 0
 
 
-_POSITION = re.compile(r"(?:byte|position|offset)\s*(\d+)", re.IGNORECASE)
+_RECORD = re.compile(r"record/value (\d+)")
 
 
 def _input_error(staged: Staged, err: Exception) -> InputError:
     msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    m = _POSITION.search(str(err))
-    where = f"byte {staged.array_offset + int(m.group(1))}" if m else "traceEvents"
+    m = _RECORD.search(str(err))
+    where = f"traceEvents element {m.group(1)} (array at byte {staged.array_offset})" if m else "traceEvents"
     msg = re.sub(r"^[A-Za-z ]*Error:\s*", "", msg)
     msg = msg.replace(str(staged.array_path), "input")
     return InputError(staged.source, where, f"expected well-formed trace events ({msg})")
@@ -235,7 +253,9 @@ def fill_entities(con, run_id: int) -> None:
         INSERT INTO threads
         WITH named AS (
             SELECT pid, tid,
-                   max(CASE WHEN name = 'thread_name' THEN args->>'name' END) AS name,
+                   -- a thread can be named twice (its Python name and the interpreter's); keep the specific one
+                   arg_min(args->>'name', (args->>'name' SIMILAR TO '.*\((python[0-9.]*|pt_main_thread)\)', rowid))
+                       FILTER (WHERE name = 'thread_name') AS name,
                    max(CASE WHEN name = 'thread_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END) AS sort_index
             FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND tid IS NOT NULL AND pid IS NOT NULL
               AND name IN ('thread_name', 'thread_sort_index')

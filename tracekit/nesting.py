@@ -4,12 +4,16 @@ A sweep over start and end points per track gives each event's nesting level; it
 the latest earlier start one level up (an ASOF join), both set-based so they run inside DuckDB.
 Ties: at the same instant ends come before starts (adjacent siblings do not nest), the longer of two
 events that start together is the outer one, and a zero-length event ends after it starts.
+
+Python frames (python_function) form their own tree: record_function annotations open inside one
+frame (`__enter__`) and close in another, so frames and ops do not nest with each other. An op's
+Python stack is found by time instead (analysis.Context.code_path).
 """
 
 NESTING_SQL = """
 CREATE OR REPLACE TEMP TABLE _nesting AS
 WITH x AS (
-    SELECT rowid AS id, hash(pid, tid, track) AS track_key, ts_ns AS ts, ts_ns + dur_ns AS te, dur_ns
+    SELECT rowid AS id, hash(pid, tid, track, kind = 'python_function') AS track_key, ts_ns AS ts, ts_ns + dur_ns AS te, dur_ns
     FROM event_rows
     WHERE run_id = $run_id AND ph = 'X' AND dur_ns IS NOT NULL AND kind <> 'profiler_span'
 ), points AS (

@@ -1,0 +1,51 @@
+"""Shared fixtures: corpus traces are read in place from ../shared/corpus, never copied."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tracekit import db
+from tracekit.ingest import ingest
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = Path(os.environ.get("TRACEKIT_CORPUS", ROOT.parent / "shared" / "corpus"))
+SAMPLES = ROOT / "sample_traces"
+
+
+def corpus(name: str) -> Path:
+    path = CORPUS / name
+    if not path.exists():
+        pytest.skip(f"corpus file {name} not available at {CORPUS}")
+    return path
+
+
+def sample(name: str) -> Path:
+    return SAMPLES / name
+
+
+_CACHE: dict[tuple, object] = {}
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    """loaded(*paths) -> a read-only-by-convention connection with those traces ingested, cached per session."""
+
+    def load(*paths: Path):
+        key = tuple(str(p) for p in paths)
+        if key not in _CACHE:
+            con = db.connect(None)
+            ingest(con, list(paths))
+            _CACHE[key] = con
+        return _CACHE[key]
+
+    return load
+
+
+@pytest.fixture
+def fresh_db():
+    con = db.connect(None)
+    yield con
+    con.close()

@@ -1,0 +1,101 @@
+"""Run rules over a database: context for rules, missing-input checks, helpers rules share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .findings import Finding
+from .rules_api import DataQuality, Rule, all_rules, get_rule
+
+
+@dataclass
+class RunInfo:
+    run_id: int
+    label: str
+    rank: int | None
+    start_ns: int | None
+    end_ns: int | None
+
+    @property
+    def window_ns(self) -> int:
+        return int((self.end_ns or 0) - (self.start_ns or 0))
+
+    def locality(self) -> dict:
+        return {"run_id": self.run_id, "run_label": self.label, "rank": self.rank}
+
+
+class Context:
+    """What a rule may ask beyond SQL: the runs, their windows, and shared lookups."""
+
+    def __init__(self, con):
+        self.con = con
+        rows = con.execute("SELECT run_id, label, rank, start_ns, end_ns FROM runs ORDER BY run_id").fetchall()
+        self.runs = [RunInfo(*r) for r in rows]
+
+    def run(self, run_id: int) -> RunInfo:
+        return next(r for r in self.runs if r.run_id == run_id)
+
+    def thread_name(self, run_id: int, pid: int, tid: int) -> str | None:
+        row = self.con.execute(
+            "SELECT name FROM threads WHERE run_id = ? AND pid = ? AND tid = ?", [run_id, pid, tid]
+        ).fetchone()
+        return row[0] if row else None
+
+    def code_path(self, event_id: int, limit: int = 6) -> list[str]:
+        """Python frames around an event, innermost first: the frames on its thread that contain it."""
+        rows = self.con.execute(
+            """
+            SELECT f.name FROM events e JOIN python_functions f
+              ON f.run_id = e.run_id AND f.pid = e.pid AND f.tid = e.tid
+             AND f.ts_ns <= e.ts_ns AND f.end_ns >= e.end_ns
+            WHERE e.event_id = ? ORDER BY f.depth DESC LIMIT ?
+            """,
+            [event_id, limit],
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def enclosing_op(self, event_id: int) -> tuple[int, str, str | None] | None:
+        """Nearest cpu_op ancestor: (event_id, name, input shapes)."""
+        row = self.con.execute(
+            """
+            WITH RECURSIVE up(event_id, parent_id, kind, name, hops) AS (
+                SELECT event_id, parent_id, kind, name, 0 FROM events WHERE event_id = ?
+                UNION ALL
+                SELECT e.event_id, e.parent_id, e.kind, e.name, up.hops + 1
+                FROM events e JOIN up ON e.event_id = up.parent_id WHERE up.hops < 64
+            )
+            SELECT up.event_id, up.name, c.input_dims FROM up LEFT JOIN cpu_ops c USING (event_id)
+            WHERE up.kind = 'cpu_op' AND up.hops > 0 ORDER BY up.hops DESC LIMIT 1
+            """,
+            [event_id],
+        ).fetchone()
+        return tuple(row) if row else None
+
+
+def missing_inputs(con, rule: Rule) -> list[str]:
+    """Required relations that are absent or empty (e.g. `kernels` in a CPU-only trace)."""
+    missing = []
+    for rel in rule.requires:
+        try:
+            if not con.execute(f"SELECT EXISTS (SELECT 1 FROM {rel})").fetchone()[0]:
+                missing.append(f"{rel} (no rows)")
+        except Exception:
+            missing.append(f"{rel} (absent)")
+    return missing
+
+
+def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | None = None):
+    """Returns (findings, data_quality notes) from the selected rules (all when select is None)."""
+    rules = [get_rule(k) for k in select] if select else all_rules()
+    ctx = Context(con)
+    findings: list[Finding] = []
+    notes: list[DataQuality] = []
+    for rule in rules:
+        missing = missing_inputs(con, rule)
+        if missing:
+            notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
+            continue
+        values = rule.resolve_params((params or {}).get(rule.code, {}))
+        for item in rule.check(con, values, ctx):
+            (notes if isinstance(item, DataQuality) else findings).append(item)
+    return findings, notes

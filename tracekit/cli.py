@@ -1,0 +1,266 @@
+"""tracekit command line: verbs over one trace database (ingest, sql, analyze, rules, schema).
+
+Heavy modules (duckdb, rich) are imported inside commands so `tracekit --help` stays fast.
+Exit codes: 0 ok, 1 a finding at or above --fail-on, 2 bad input or usage (one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from .errors import TracekitError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except TracekitError as e:
+            click.echo(f"error: {e}", err=True)
+            ctx.exit(e.exit_code)
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            ctx.exit(130)
+
+
+@click.group(cls=Group, context_settings=CONTEXT)
+@click.version_option(package_name="tracekit")
+def cli():
+    """Profiler traces in, attributable performance findings out.
+
+    \b
+        tracekit analyze run.pt.trace.json.gz
+        tracekit ingest rank*.json.gz --db run.duckdb
+        tracekit sql run.duckdb "SELECT name, sum(dur_ns) FROM kernels GROUP BY 1 ORDER BY 2 DESC LIMIT 5"
+    """
+
+
+def _progress():
+    """A status line on stderr while ingesting, only when stderr is a terminal."""
+    if not sys.stderr.isatty():
+        return None, None
+    from rich.console import Console
+
+    status = Console(stderr=True).status("ingesting")
+    status.start()
+    return status, lambda msg: status.update(msg)
+
+
+def _open_db(path: str | None, must_exist: bool = False):
+    from . import db
+
+    if path and must_exist and not Path(path).exists():
+        raise TracekitError(f"{path}: database not found")
+    try:
+        return db.connect(path)
+    except Exception as e:  # duckdb.IOException etc.: a locked or non-DuckDB file
+        raise TracekitError(f"{path}: cannot open as a tracekit database ({str(e).splitlines()[0]})") from None
+
+
+def _ingest(con, traces, rank, labels):
+    from .ingest import ingest
+
+    status, progress = _progress()
+    try:
+        return ingest(con, list(traces), rank=rank, labels=list(labels) or None, progress=progress)
+    finally:
+        if status:
+            status.stop()
+
+
+@cli.command()
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False), help="DuckDB file to create or add to.")
+@click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
+@click.option("--label", "labels", multiple=True, help="Run label, once per trace (default: file name).")
+@click.option("-f", "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+def ingest(traces, db_path, rank, labels, fmt):
+    """Load traces into a database; prints events read = ingested + skipped per file.
+
+    \b
+        tracekit ingest rank0.json.gz rank1.json.gz --db run.duckdb
+    """
+    from .output.tables import emit_rows
+
+    con = _open_db(db_path)
+    results = _ingest(con, traces, rank, labels)
+    con.close()
+    cols = ["run_id", "source", "rank", "events_read", "events_ingested", "events_skipped", "skipped_reasons", "seconds"]
+    rows = [
+        (
+            r.run_id,
+            r.source,
+            r.rank,
+            r.events_read,
+            r.events_ingested,
+            r.events_skipped,
+            ", ".join(f"{k}: {v}" for k, v in r.skipped_reasons.items()) if fmt != "json" else r.skipped_reasons,
+            round(r.seconds, 3),
+        )
+        for r in results
+    ]
+    emit_rows(cols, rows, fmt)
+
+
+@cli.command()
+@click.argument("db_path", type=click.Path(dir_okay=False))
+@click.argument("query")
+@click.option("-f", "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.option("-p", "--param", "params", multiple=True, nargs=2, help="Named parameter: -p run_id 1 binds $run_id.")
+def sql(db_path, query, fmt, params):
+    """Run SQL against a trace database ("-" reads the query from stdin).
+
+    \b
+        tracekit sql run.duckdb "SELECT kind, count(*) FROM events GROUP BY 1" -f json
+    """
+    import duckdb
+
+    from .output.tables import emit_rows
+
+    if query == "-":
+        query = sys.stdin.read()
+    if not Path(db_path).exists():
+        raise TracekitError(f"{db_path}: database not found")
+    try:
+        con = duckdb.connect(db_path, read_only=True)
+    except duckdb.Error as e:
+        raise TracekitError(f"{db_path}: cannot open as a DuckDB database ({str(e).splitlines()[0]})") from None
+    try:
+        cur = con.execute(query, {k: _coerce(v) for k, v in params} if params else None)
+        columns = [d[0] for d in cur.description] if cur.description else []
+        rows = cur.fetchall() if columns else []
+    except duckdb.Error as e:
+        raise TracekitError(f"query failed: {' '.join(str(e).split())}") from None
+    emit_rows(columns, rows, fmt)
+
+
+def _coerce(value: str):
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+@cli.command()
+@click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+@click.option("--rules", "rule_keys", help="Comma-separated rule codes or names (default: all).")
+@click.option("--db", "db_path", type=click.Path(dir_okay=False), help="Keep the database in this file.")
+@click.option("--fail-on", type=click.Choice(["info", "warning", "critical"]), help="Exit 1 on a finding this severe.")
+@click.option("--param", "params", multiple=True, metavar="RULE.NAME=VALUE", help="Override a rule parameter.")
+@click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
+@click.option("--max-findings", type=int, default=25, show_default=True, help="Cap on findings in the report.")
+def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings):
+    """Ingest traces (or open a .duckdb made by `ingest`), run the rules, print ranked findings.
+
+    \b
+        tracekit analyze run.json.gz
+        tracekit analyze run.json.gz --format json --rules host-sync,G001 --param G001.min_idle_share=0.1
+    """
+    from .analysis import run_rules
+    from .findings import SEVERITY_RANK
+    from .output.report import render
+    from .rules_api import get_rule
+    from .summarizer import build_report, worst_severity
+    from .summary import top_costs
+
+    select = [k.strip() for k in rule_keys.split(",") if k.strip()] if rule_keys else None
+    overrides = _parse_params(params)
+    try:
+        for key in (select or []) + list(overrides):
+            get_rule(key)
+    except KeyError as e:
+        raise TracekitError(str(e.args[0])) from None
+    overrides = {get_rule(k).code: v for k, v in overrides.items()}
+    existing = [t for t in traces if t.suffix == ".duckdb"]
+    if existing and len(traces) > 1:
+        raise TracekitError("pass either one .duckdb database or trace files, not both")
+    con = _open_db(str(existing[0]) if existing else db_path, must_exist=bool(existing))
+    if not existing:
+        _ingest(con, traces, rank, [])
+    try:
+        findings, notes = run_rules(con, select, overrides)
+    except (KeyError, ValueError) as e:
+        raise TracekitError(str(e.args[0] if e.args else e)) from None
+    report = build_report(con, findings, notes, top_costs(con), max_findings=max_findings)
+    render(report, fmt)
+    worst = worst_severity(findings)
+    if fail_on and worst and SEVERITY_RANK[worst] >= SEVERITY_RANK[fail_on]:
+        sys.exit(1)
+
+
+def _parse_params(params) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for item in params:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise TracekitError(f"--param {item!r}: expected RULE.NAME=VALUE, e.g. G001.min_idle_share=0.1")
+        key, value = item.split("=", 1)
+        rule_key, name = key.split(".", 1)
+        out.setdefault(rule_key, {})[name] = _coerce(value)
+    return out
+
+
+@cli.group(cls=Group, invoke_without_command=True, context_settings=CONTEXT)
+@click.option("-f", "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
+@click.pass_context
+def rules(ctx, fmt):
+    """List the rules (code, name, category, parameters)."""
+    if ctx.invoked_subcommand:
+        return
+    from .output.tables import emit_rows
+    from .rules_api import all_rules
+
+    rows = []
+    for r in all_rules():
+        defaults = ", ".join(f"{k}={p.default}" for k, p in r.params.items())
+        rows.append((r.code, r.name, r.category, r.title, defaults if fmt != "json" else r.describe()["params"]))
+    emit_rows(["code", "name", "category", "title", "params"], rows, fmt)
+
+
+@rules.command("show")
+@click.argument("key")
+@click.option("-f", "--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def rules_show(key, fmt):
+    """Print one rule's documentation (by code or name)."""
+    import json
+
+    from .rules_api import get_rule
+
+    try:
+        r = get_rule(key)
+    except KeyError as e:
+        raise TracekitError(str(e.args[0])) from None
+    if fmt == "json":
+        click.echo(json.dumps(r.describe(), indent=2))
+        return
+    click.echo(f"{r.code} {r.name}: {r.title}  [{r.category}, {r.status} since {r.since}]\n")
+    click.echo(r.doc)
+    click.echo("\nParameters:")
+    for k, p in r.params.items():
+        click.echo(f"  {k} = {p.default!r} {p.unit}: {p.help}")
+    click.echo(f"\nNeeds: {', '.join(r.requires)}")
+
+
+@cli.command()
+def schema():
+    """Print the JSON Schema of the finding record."""
+    import json
+
+    from .findings import json_schema
+
+    click.echo(json.dumps(json_schema(), indent=2))
+
+
+def main():
+    cli(prog_name="tracekit")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Findings -> one ranked, size-bounded report document (the `--format json` output).
+
+Ranking: severity first, then the share of the analysed window the finding costs, then its rule
+and id so equal findings keep one order across runs. The report is bounded so an agent can take it
+whole: at most `max_findings` findings, each already compact; what was cut is counted, not lost.
+"""
+
+from __future__ import annotations
+
+from . import __version__
+from .findings import FINDING_SCHEMA_VERSION, SEVERITY_RANK, Finding
+from .schema import SCHEMA_VERSION
+
+REPORT_VERSION = "1.0"
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    return sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], -f.impact_share, f.rule, f.id))
+
+
+def runs_section(con) -> list[dict]:
+    rows = con.execute(
+        """
+        SELECT r.run_id, r.label, r.source, r.format, r.rank, r.world_size, r.start_ns, r.end_ns,
+               l.events_read, l.events_ingested, l.events_skipped,
+               json_extract_string(r.device_properties, '$[0].name') AS device
+        FROM runs r LEFT JOIN ingest_log l USING (run_id) ORDER BY r.run_id
+        """
+    ).fetchall()
+    keys = (
+        "run_id label source format rank world_size start_ns end_ns events_read events_ingested "
+        "events_skipped device"
+    ).split()
+    out = []
+    for row in rows:
+        item = dict(zip(keys, row))
+        item["window_ns"] = (item["end_ns"] or 0) - (item["start_ns"] or 0)
+        out.append(item)
+    return out
+
+
+def build_report(con, findings: list[Finding], notes: list, summary: dict, max_findings: int = 25) -> dict:
+    ranked = rank(findings)
+    kept = ranked[:max_findings]
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITY_RANK}
+    return {
+        "report_version": REPORT_VERSION,
+        "schema_version": SCHEMA_VERSION,
+        "finding_schema_version": FINDING_SCHEMA_VERSION,
+        "tracekit_version": __version__,
+        "runs": runs_section(con),
+        "summary": summary,
+        "findings": [f.as_dict() for f in kept],
+        "findings_total": len(findings),
+        "findings_omitted": len(ranked) - len(kept),
+        "severity_counts": counts,
+        "data_quality": [n.as_dict() for n in notes],
+    }
+
+
+def worst_severity(findings: list[Finding]) -> str | None:
+    if not findings:
+        return None
+    return max((f.severity for f in findings), key=SEVERITY_RANK.__getitem__)
