@@ -254,7 +254,7 @@ def fill_entities(con, run_id: int) -> None:
         WITH named AS (
             SELECT pid, tid,
                    -- a thread can be named twice (its Python name and the interpreter's); keep the specific one
-                   arg_min(args->>'name', (args->>'name' SIMILAR TO '.*\((python[0-9.]*|pt_main_thread)\)', rowid))
+                   arg_min(args->>'name', (args->>'name' SIMILAR TO '.*\\((python[0-9.]*|pt_main_thread)\\)', rowid))
                        FILTER (WHERE name = 'thread_name') AS name,
                    max(CASE WHEN name = 'thread_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END) AS sort_index
             FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND tid IS NOT NULL AND pid IS NOT NULL

@@ -1,0 +1,131 @@
+"""The CLI through the real console script: exit codes, one-line errors, formats."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.conftest import corpus, sample
+from tracekit.findings import json_schema
+
+TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
+
+
+def run(*args, check_rc=None):
+    proc = subprocess.run([TRACEKIT, *map(str, args)], capture_output=True, text=True, timeout=300)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for frag in fragments:
+        assert frag in lines[0]
+
+
+def test_ingest_then_sql_reconciles(tmp_path):
+    dbf = tmp_path / "run.duckdb"
+    out = run("ingest", sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz"), "--db", dbf, "-f", "json", check_rc=0)
+    rows = json.loads(out.stdout)
+    assert [r["rank"] for r in rows] == [0, 1]
+    assert all(r["events_read"] == r["events_ingested"] + r["events_skipped"] for r in rows)
+    q = run("sql", dbf, "SELECT run_id, count(*) AS n FROM events GROUP BY 1 ORDER BY 1", "-f", "json", check_rc=0)
+    assert [r["n"] for r in json.loads(q.stdout)] == [r["events_ingested"] for r in rows]
+    csv_out = run("sql", dbf, "SELECT count(*) AS n FROM kernels WHERE run_id = $r", "-p", "r", "1", "-f", "csv", check_rc=0)
+    assert csv_out.stdout.splitlines()[0] == "n" and int(csv_out.stdout.splitlines()[1]) > 0
+
+
+def test_analyze_json_document_validates(tmp_path):
+    out = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--format", "json", check_rc=0)
+    doc = json.loads(out.stdout)
+    assert {"schema_version", "runs", "summary", "findings", "data_quality"} <= set(doc)
+    assert doc["findings"], "the eager decode loop is launch-bound and syncs every step"
+    for finding in doc["findings"]:
+        jsonschema.validate(finding, json_schema())
+    assert [f["severity"] for f in doc["findings"]] == sorted(
+        (f["severity"] for f in doc["findings"]), key=["critical", "warning", "info"].index
+    )
+
+
+def test_analyze_text_and_markdown_and_fail_on(tmp_path):
+    text = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), check_rc=0)
+    assert "findings" in text.stdout and "H001" in text.stdout
+    md = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--format", "markdown", "--rules", "host-sync", check_rc=0)
+    assert md.stdout.startswith("# tracekit report") and "```sql" in md.stdout
+    failing = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--rules", "H001", "--fail-on", "info")
+    assert failing.returncode == 1
+    quiet = run("analyze", sample("cpu_two_threads.json.gz"), "--rules", "H001", "--fail-on", "info", "-f", "json")
+    assert quiet.returncode == 0 and json.loads(quiet.stdout)["findings"] == []
+
+
+def test_param_override_changes_outcome():
+    strict = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--rules", "H001", "-f", "json",
+                 "--param", "H001.min_share=0.9", check_rc=0)
+    assert json.loads(strict.stdout)["findings"] == []
+    bad = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--param", "H001.nope=1")
+    assert_one_line_error(bad, "nope")
+
+
+def test_rules_and_schema_commands():
+    listing = json.loads(run("rules", "-f", "json", check_rc=0).stdout)
+    assert any(r["code"] == "H001" for r in listing)
+    show = run("rules", "show", "host-sync", check_rc=0).stdout
+    assert "## What it does" in show and "min_calls" in show
+    assert json.loads(run("schema", check_rc=0).stdout)["title"] == "tracekit finding"
+    assert_one_line_error(run("rules", "show", "Z999"), "Z999")
+
+
+def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
+    truncated_gz = tmp_path / "t.json.gz"
+    truncated_gz.write_bytes(corpus("hta__trace_diff__test.json.gz").read_bytes()[:200_000])
+    assert_one_line_error(run("ingest", truncated_gz, "--db", tmp_path / "a.duckdb"), str(truncated_gz), "truncated")
+
+    truncated = tmp_path / "t.json"
+    truncated.write_bytes(gzip.decompress(corpus("hta__triton_example.json.gz").read_bytes())[:5000])
+    assert_one_line_error(run("ingest", truncated, "--db", tmp_path / "b.duckdb"), str(truncated), "byte")
+
+    malformed = tmp_path / "m.json"
+    malformed.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}, {"ph": "X" "ts": 2}]}')
+    assert_one_line_error(run("analyze", malformed), str(malformed), "traceEvents element")
+
+    wrong = corpus("pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite")
+    assert_one_line_error(run("analyze", wrong), str(wrong), "expected a JSON object or array")
+
+    no_events = tmp_path / "n.json"
+    no_events.write_text('{"schemaVersion": 1}')
+    assert_one_line_error(run("analyze", no_events), "traceEvents")
+
+    assert_one_line_error(run("sql", tmp_path / "missing.duckdb", "SELECT 1"), "not found")
+    bad_sql_db = tmp_path / "c.duckdb"
+    run("ingest", sample("cpu_two_threads.json.gz"), "--db", bad_sql_db, check_rc=0)
+    assert_one_line_error(run("sql", bad_sql_db, "SELECT nope FROM events"), "query failed")
+
+
+def test_skipped_events_are_counted_with_reasons(tmp_path):
+    trace = tmp_path / "s.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "ts": 1, "dur": 2, "name": "ok", "pid": 1, "tid": 1},
+        {"ts": 1, "dur": 2, "name": "no phase"},
+        {"ph": "X", "ts": 3, "name": "no dur"},
+        7,
+    ]}))
+    rows = json.loads(run("ingest", trace, "--db", tmp_path / "s.duckdb", "-f", "json", check_rc=0).stdout)
+    assert rows[0]["events_read"] == 4 and rows[0]["events_ingested"] == 1
+    assert rows[0]["skipped_reasons"] == {"missing ph": 1, "complete event without dur": 1, "not a JSON object": 1}
+
+
+def test_help_is_fast_and_does_not_import_duckdb():
+    code = "import sys, tracekit.cli; sys.exit('duckdb' in sys.modules or 'rich' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    assert run("--help", check_rc=0).stdout.startswith("Usage: tracekit")

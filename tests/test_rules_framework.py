@@ -1,0 +1,48 @@
+"""Every rule is registered, documented in the fixed form, and its parameters are overridable."""
+
+import re
+
+import pytest
+
+from tracekit.rules_api import RULE_MODULES, all_rules, discovered_modules, get_rule
+
+REQUIRED_HEADINGS = ("## What it does", "## Why it matters", "## Example", "## Options")
+
+
+def test_every_rule_module_is_registered():
+    assert sorted(RULE_MODULES) == discovered_modules()
+    assert len(all_rules()) == len(RULE_MODULES)
+
+
+@pytest.mark.parametrize("rule", all_rules(), ids=lambda r: r.code)
+def test_rule_doc_has_fixed_form_and_lists_every_option(rule):
+    for heading in REQUIRED_HEADINGS:
+        assert heading in rule.doc, f"{rule.code} doc lacks {heading}"
+    options = rule.doc.split("## Options", 1)[1]
+    documented = set(re.findall(r"`([a-z_]+)`", options))
+    assert set(rule.params) <= documented, f"{rule.code}: undocumented options {set(rule.params) - documented}"
+    assert re.fullmatch(r"[A-Z]+[0-9]{3}", rule.code)
+    assert re.fullmatch(r"[a-z]+(-[a-z]+)*", rule.name)
+
+
+def test_lookup_by_code_or_name_and_param_override():
+    first = all_rules()[0]
+    assert get_rule(first.name) is get_rule(first.code.lower())
+    name, param = next(iter(first.params.items()))
+    resolved = first.resolve_params({name: str(param.default)})
+    assert resolved[name] == param.default and type(resolved[name]) is type(param.default)
+    with pytest.raises(KeyError):
+        first.resolve_params({"no_such_option": 1})
+    with pytest.raises(KeyError):
+        get_rule("Z999")
+
+
+def test_rules_doc_is_generated_and_current():
+    import importlib.util
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "gen_rule_docs.py"
+    spec = importlib.util.spec_from_file_location("gen_rule_docs", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.OUT.read_text() == mod.render(), "docs/rules.md is stale: run `make docs`"
