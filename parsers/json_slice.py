@@ -1,14 +1,17 @@
-"""Cut the `traceEvents` array out of a Chrome-trace JSON file (plain or gzip) into a file of its own.
+"""Cut the `traceEvents` array out of a Chrome-trace JSON file (plain or gzip) into array files.
 
-DuckDB reads a JSON *array* in parallel chunks with bounded memory, but a JSON *object* only as one
-value (a 1 GB Kineto file then costs 30-50 s and ~7 GB). So the array is sliced out by byte offsets:
-in-kernel (copy_file_range) for plain files, while decompressing for gzip. Only the bytes around the
-cut are parsed here; everything else is left to DuckDB.
+DuckDB reads a JSON *object* only as one value (a 1 GB Kineto file then costs 30-50 s and ~7 GB),
+and it reads one JSON *array* file on one thread. So the array is sliced out by byte offsets, at
+event boundaries, into parts of ~PART_TARGET bytes that DuckDB reads in parallel: in-kernel
+(copy_file_range) for plain files, while decompressing for gzip. Only the bytes around each cut are
+parsed here; everything else is left to DuckDB.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import tempfile
 import zlib
 from dataclasses import dataclass, field
@@ -19,6 +22,7 @@ import orjson
 from tracekit.errors import InputError
 
 CHUNK = 4 << 20
+PART_TARGET = 48 << 20
 TAIL_KEEP = 1 << 20  # metadata after the array (traceName, INFO, distributedInfo...) is small
 KEY = b'"traceEvents"'
 WS = b" \t\r\n"
@@ -26,21 +30,55 @@ WS = b" \t\r\n"
 
 @dataclass
 class Staged:
-    """An events array ready for DuckDB, plus the trace's top-level metadata."""
+    """An events array split into JSON array files (in order), plus the trace's top-level metadata."""
 
     source: Path
-    array_path: Path
+    parts: list[Path]
     metadata: dict = field(default_factory=dict)
     bytes_read: int = 0
     is_temp: bool = True
-    array_offset: int = 0  # where the array starts in the (decompressed) source, for error positions
+    # the source byte each part file's first byte stands for (its '[' when the array's own, else one
+    # before the events it holds), so an offset inside a part maps back by a plain addition
+    part_offsets: list[int] = field(default_factory=list)
+    compressed: bool = False
 
     def cleanup(self) -> None:
-        if self.is_temp:
+        if not self.is_temp:
+            return
+        for part in self.parts:
             try:
-                os.unlink(self.array_path)
+                os.unlink(part)
             except FileNotFoundError:
                 pass
+
+    def locate(self, part_name: str) -> int | None:
+        """Source byte offset of the part a DuckDB error names."""
+        for part, offset in zip(self.parts, self.part_offsets):
+            if part.name in part_name:
+                return offset
+        return None
+
+
+# A top-level event starts after '},' in the array; the candidate is confirmed by decoding one whole
+# object there that looks like an event and is followed by ',' or ']'. A wrong cut cannot pass
+# silently: both sides would stop being valid JSON and DuckDB would say so.
+_BOUNDARY = re.compile(rb"\}\s*,\s*(\{)\s*\"")
+_DECODER = json.JSONDecoder()
+
+
+def find_boundary(buf: bytes, start: int = 0) -> tuple[int, int] | None:
+    """(end of the previous event, start of the next) for the first event boundary at or after start."""
+    for m in _BOUNDARY.finditer(buf, start):
+        brace = m.start(1)
+        window = buf[brace : brace + (1 << 16)].decode("utf-8", "ignore")
+        try:
+            obj, end = _DECODER.raw_decode(window)
+        except ValueError:
+            continue
+        after = window[end:].lstrip()[:1]
+        if isinstance(obj, dict) and "ph" in obj and after in (",", "]"):
+            return m.start() + 1, brace
+    return None
 
 
 def is_gzip(path: Path) -> bool:
@@ -96,26 +134,28 @@ def _split_tail(tail: bytes, path: Path, tail_offset: int) -> tuple[int, dict]:
         raise InputError(
             path, f"byte {tail_offset + len(end)}", "expected '}' closing the trace object (file truncated?)"
         )
-    pos = len(end)
-    while True:
-        pos = end.rfind(b"]", 0, pos)
-        if pos == -1:
-            raise InputError(
-                path, f"byte {tail_offset + len(end)}", "expected ']' closing the traceEvents array (file truncated?)"
-            )
-        rest = end[pos + 1 :].lstrip(WS)
-        before = end[:pos].rstrip(WS)[-1:]
-        if before not in (b"}", b"[", b""):
-            continue
-        if rest == b"}":
-            return pos, {}
-        if rest.startswith(b","):
-            try:
-                obj = orjson.loads(b"{" + rest[1:])
-            except orjson.JSONDecodeError:
+    # Events are objects, so the array's ']' follows a '}' (or '[' when empty); later metadata such as
+    # Kineto's "INFO" list of strings also ends in ']', hence the stricter pass first.
+    for allowed in ((b"}", b"["), None):
+        pos = len(end)
+        while True:
+            pos = end.rfind(b"]", 0, pos)
+            if pos == -1:
+                break
+            before = end[:pos].rstrip(WS)[-1:]
+            if (allowed and before not in allowed) or before in (b",", b":"):
                 continue
-            if isinstance(obj, dict):
-                return pos, obj
+            rest = end[pos + 1 :].lstrip(WS)
+            if rest == b"}":
+                return pos, {}
+            if rest.startswith(b","):
+                try:
+                    obj = orjson.loads(b"{" + rest[1:])
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(obj, dict):
+                    return pos, obj
+    raise InputError(path, f"byte {tail_offset + len(end)}", "expected ']' closing the traceEvents array (file truncated?)")
 
 
 def _temp_file(tmpdir: str | None) -> tuple[int, Path]:
@@ -139,42 +179,77 @@ def _stage_plain(path: Path, tmpdir: str | None) -> Staged:
     with open(path, "rb") as f:
         head = f.read(CHUNK)
         kind = first_char(head)
-        if kind == b"[":  # JSON Array Format: DuckDB reads the file itself
-            return Staged(path, path, {}, size, is_temp=False)
-        if kind != b"{":
+        meta: dict = {}
+        if kind == b"[":  # JSON Array Format
+            start = head.index(b"[")
+            f.seek(max(0, size - 64))
+            end = max(0, size - 64) + f.read().rstrip(WS).rfind(b"]")
+            if end <= start:
+                raise InputError(path, f"byte {size}", "expected ']' closing the event array (file truncated?)")
+            if size < 2 * PART_TARGET:
+                return Staged(path, [path], {}, size, is_temp=False, part_offsets=[0])
+        elif kind != b"{":
             raise InputError(path, "byte 0", "expected a JSON object or array (a Chrome/Kineto trace)")
-        start = None
-        offset = 0
-        while offset < size:
-            f.seek(offset)
-            buf = f.read(CHUNK)
-            found = _find_array_start(buf, path)
-            if found is not None:
-                start = offset + found
-                break
-            if len(buf) < CHUNK:
-                break
-            offset += CHUNK - 64  # overlap, so a key split across chunks is still seen
-        if start is None:
-            raise InputError(path, f"byte {size}", 'expected a "traceEvents" array in the trace object')
-        f.seek(0)
-        meta = _parse_head(f.read(start).rsplit(KEY, 1)[0], path)
-        tail_off = max(start + 1, size - TAIL_KEEP)
-        f.seek(tail_off)
-        tail = f.read()
-    close, tail_meta = _split_tail(tail, path, tail_off)
-    end = tail_off + close + 1
-    meta.update(tail_meta)
-    fd, out = _temp_file(tmpdir)
+        else:
+            start = None
+            offset = 0
+            while offset < size:
+                f.seek(offset)
+                buf = f.read(CHUNK)
+                found = _find_array_start(buf, path)
+                if found is not None:
+                    start = offset + found
+                    break
+                if len(buf) < CHUNK:
+                    break
+                offset += CHUNK - 64  # overlap, so a key split across chunks is still seen
+            if start is None:
+                raise InputError(path, f"byte {size}", 'expected a "traceEvents" array in the trace object')
+            f.seek(0)
+            meta = _parse_head(f.read(start).rsplit(KEY, 1)[0], path)
+            tail_off = max(start + 1, size - TAIL_KEEP)
+            f.seek(tail_off)
+            close, tail_meta = _split_tail(f.read(), path, tail_off)
+            end = tail_off + close
+            meta.update(tail_meta)
+        cuts = _plan_cuts(f, start, end)
+    parts, offsets = [], []
+    src = os.open(path, os.O_RDONLY)
     try:
-        src = os.open(path, os.O_RDONLY)
-        try:
-            _copy_range(src, fd, start, end - start)
-        finally:
-            os.close(src)
+        for lo, hi in cuts:
+            fd, out = _temp_file(tmpdir)
+            parts.append(out)
+            offsets.append(lo - 1)
+            try:
+                os.write(fd, b"[")
+                _copy_range(src, fd, lo, hi - lo)
+                os.write(fd, b"]")
+            finally:
+                os.close(fd)
+    except BaseException:
+        Staged(path, parts).cleanup()
+        raise
     finally:
-        os.close(fd)
-    return Staged(path, out, meta, size, array_offset=start)
+        os.close(src)
+    return Staged(path, parts, meta, size, part_offsets=offsets)
+
+
+def _plan_cuts(f, start: int, end: int) -> list[tuple[int, int]]:
+    """[lo, hi) byte ranges of events, between the array's '[' at start and its ']' at end."""
+    n = max(1, (end - start) // PART_TARGET)
+    cuts, lo = [], start + 1
+    for k in range(1, n):
+        target = start + k * (end - start) // n
+        if target <= lo:
+            continue
+        f.seek(target)
+        found = find_boundary(f.read(CHUNK))
+        if found is None or target + found[1] >= end:
+            continue
+        cuts.append((lo, target + found[0]))
+        lo = target + found[1]
+    cuts.append((lo, end))
+    return cuts
 
 
 def _copy_range(src: int, dst: int, offset: int, count: int) -> None:
@@ -195,19 +270,33 @@ def _copy_range(src: int, dst: int, offset: int, count: int) -> None:
 
 
 def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
-    """Decompress, writing only from the array's '[' on; trim the tail once the stream ends."""
+    """Decompress, writing the array from its '[' on into parts cut at event boundaries."""
     dec = zlib.decompressobj(wbits=31)
-    fd, out = _temp_file(tmpdir)
+    parts: list[Path] = []
+    offsets: list[int] = []
+    fd = -1
     head = b""
-    written = 0
+    part_written = 0  # bytes in the current part
     array_start = None
     tail = b""
     total_out = 0
     compressed_read = 0
+
+    def new_part(prefix: bytes, source_offset: int) -> None:
+        nonlocal fd, part_written, tail
+        if fd >= 0:
+            os.write(fd, b"]")
+            os.close(fd)
+        fd, out = _temp_file(tmpdir)
+        parts.append(out)
+        offsets.append(source_offset)
+        os.write(fd, prefix)
+        part_written, tail = len(prefix), prefix[-TAIL_KEEP:]
+
     try:
         with open(path, "rb") as f:
             while True:
-                chunk = f.read(CHUNK)
+                chunk = f.read(CHUNK // 4)  # ~4-8x that once decompressed
                 if not chunk:
                     break
                 compressed_read += len(chunk)
@@ -219,6 +308,7 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
                         data += dec.decompress(rest)
                 except zlib.error as e:
                     raise InputError(path, f"compressed byte {compressed_read}", f"valid gzip data ({e})") from None
+                data_offset = total_out  # source offset of data[0]
                 total_out += len(data)
                 if array_start is None:
                     head += data
@@ -226,18 +316,25 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
                         continue
                     kind = first_char(head[:CHUNK])
                     if kind == b"[":
-                        array_start = 0
-                        data, head = head, b""
+                        found = head.index(b"[")
                     elif kind != b"{":
                         raise InputError(path, "byte 0", "expected a JSON object or array (a Chrome/Kineto trace)")
                     else:
                         found = _find_array_start(head, path)
                         if found is None:
                             continue
-                        array_start = found
-                        data, head = head[found:], head[:found]
+                    array_start = found
+                    data, data_offset, head = head[found:], found, head[:found]
+                    new_part(b"", found)
+                while len(data) > PART_TARGET - part_written:
+                    cut = find_boundary(data, max(0, PART_TARGET - part_written))
+                    if cut is None:
+                        break
+                    os.write(fd, data[: cut[0]])
+                    new_part(b"[", data_offset + cut[1] - 1)
+                    data, data_offset = data[cut[1] :], data_offset + cut[1]
                 os.write(fd, data)
-                written += len(data)
+                part_written += len(data)
                 tail = (tail + data)[-TAIL_KEEP:]
         if not dec.eof:
             raise InputError(path, f"compressed byte {compressed_read}", "gzip stream ends early (truncated file)")
@@ -246,15 +343,20 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
                 raise InputError(path, f"byte {total_out}", 'expected a "traceEvents" array in the trace object')
             raise InputError(path, "byte 0", "expected a JSON object or array (a Chrome/Kineto trace)")
         meta = {}
-        if head:  # object form
+        tail_off = total_out - len(tail)
+        if first_char(head) == b"{":
             meta = _parse_head(head.rsplit(KEY, 1)[0], path)
-            tail_off = array_start + written - len(tail)
             close, tail_meta = _split_tail(tail, path, tail_off)
             meta.update(tail_meta)
-            os.ftruncate(fd, written - len(tail) + close + 1)
+        else:
+            close = tail.rstrip(WS).rfind(b"]")
+            if close < 0:
+                raise InputError(path, f"byte {total_out}", "expected ']' closing the event array (file truncated?)")
+        os.ftruncate(fd, part_written - len(tail) + close + 1)
     except BaseException:
-        os.close(fd)
-        os.unlink(out)
+        if fd >= 0:
+            os.close(fd)
+        Staged(path, parts).cleanup()
         raise
     os.close(fd)
-    return Staged(path, out, meta, total_out, array_offset=array_start)
+    return Staged(path, parts, meta, total_out, part_offsets=offsets, compressed=True)

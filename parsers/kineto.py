@@ -1,8 +1,13 @@
 """PyTorch profiler (Kineto) Chrome-trace JSON -> event_rows, runs, processes, threads, streams.
 
 The events array is read by DuckDB in parallel (see json_slice for why it is cut out first); every
-column is derived in that one SQL pass. Timestamps are read as DECIMAL(38,3) because absolute epoch
-microseconds with a ns fraction (~1.7e15.xyz) do not fit a double exactly.
+column is derived in that one SQL pass.
+
+Timestamps: `ts` is microseconds, often with a ns fraction. A double holds it exactly while
+|ts| < ~4e12 us (relative to baseTimeNanoseconds, as Kineto writes since 2023) and for integral
+absolute values; absolute epoch microseconds *with* a fraction (1712195495519689.047) need
+DECIMAL(38,3), whose 128-bit arithmetic costs ~2 s per GB. So the type is chosen per file from a
+sample of its text, and a double-typed load that turns out to have lost fractions is redone.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ EVENT_COLUMNS = {
     "name": "VARCHAR",
     "pid": "VARCHAR",
     "tid": "VARCHAR",
-    "ts": "DECIMAL(38,3)",
-    "dur": "DECIMAL(38,3)",
+    "ts": "DOUBLE",
+    "dur": "DOUBLE",
     "id": "VARCHAR",
     "bp": "VARCHAR",
     "s": "VARCHAR",
@@ -96,18 +101,59 @@ def load(con, staged: Staged, run_id: int) -> dict:
     number, a string) are read again with ignore_errors, which turns them into empty rows that
     are then counted as skipped.
     """
-    try:
-        return _load(con, staged, run_id, ignore_errors=False)
-    except InputError as e:
-        if "transform error" not in str(e).lower():
-            raise
-    con.execute("DELETE FROM event_rows WHERE run_id = ?", [run_id])
-    return _load(con, staged, run_id, ignore_errors=True)
+    exact = _needs_exact_ts(staged.parts[0])
+    ignore_errors = False
+    while True:
+        try:
+            counts = _load(con, staged, run_id, ignore_errors, exact)
+        except InputError as e:
+            if "transform error" not in str(e).lower() or ignore_errors:
+                raise
+            ignore_errors = True
+        else:
+            if exact or not _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
+                counts["notes"]["ts_type"] = "DECIMAL(38,3)" if exact else "DOUBLE"
+                return counts
+            exact = True
+        con.execute("DELETE FROM event_rows WHERE run_id = ?", [run_id])
 
 
-def _load(con, staged: Staged, run_id: int, ignore_errors: bool) -> dict:
-    extra = sorted(set(_extra_keys(con, staged.array_path)) | set())
+TS_SAMPLE = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')
+DOUBLE_EXACT_US = 4e12  # below this, ts * 1000 with 3 decimals stays under 2**53
+
+
+def _needs_exact_ts(array_path: Path) -> bool:
+    with open(array_path, "rb") as f:
+        head = f.read(1 << 20)
+    for whole, frac in TS_SAMPLE.findall(head):
+        if frac and frac.strip(b"0") and abs(int(whole)) >= DOUBLE_EXACT_US:
+            return True
+    return False
+
+
+def _lost_fractions(con, run_id: int, base_ns: int) -> bool:
+    """A large ts read as a double whose ns part is not whole microseconds: the text had a fraction."""
+    return con.execute(
+        "SELECT EXISTS (SELECT 1 FROM event_rows WHERE run_id = ? AND abs(ts_ns - ?) >= ? AND ts_ns % 1000 <> 0)",
+        [run_id, base_ns, int(DOUBLE_EXACT_US * 1000)],
+    ).fetchone()[0]
+
+
+def _ts_ns_expr(exact: bool) -> str:
+    if exact:
+        return "CAST(ts * 1000 AS BIGINT)"
+    # integral absolute microseconds are exact in a double, but ts * 1000 would not be: split first
+    return (
+        f"CASE WHEN abs(ts) < {DOUBLE_EXACT_US:.0f} THEN CAST(round(ts * 1000) AS BIGINT) "
+        "ELSE CAST(trunc(ts) AS BIGINT) * 1000 + CAST(round((ts - trunc(ts)) * 1000) AS BIGINT) END"
+    )
+
+
+def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool) -> dict:
+    extra = _extra_keys(con, staged.parts[0])
     columns = dict(EVENT_COLUMNS)
+    if exact:
+        columns["ts"] = "DECIMAL(38,3)"
     for key in extra:
         columns[key] = "JSON"
     columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
@@ -135,7 +181,7 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool) -> dict:
     SELECT {run_id},
            CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,
            ph, cat, name,
-           CAST(round(ts * 1000) AS BIGINT) + {base_ns},
+           {_ts_ns_expr(exact)} + {base_ns},
            CAST(round(dur * 1000) AS BIGINT),
            pid_n, tid_n,
            CASE WHEN pid_n IS NULL OR tid_n IS NULL OR TRY_CAST(tid AS BIGINT) IS NULL THEN pid || '/' || tid END,
@@ -153,7 +199,7 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool) -> dict:
     """
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     try:
-        con.execute(sql, [str(staged.array_path)])
+        con.execute(sql, [[str(p) for p in staged.parts]])
     except Exception as e:  # duckdb.Error subclasses; message carries the byte position
         raise _input_error(staged, e) from None
     after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
@@ -184,16 +230,34 @@ def _base_time_ns(meta: dict) -> int:
         return 0
 
 
-_RECORD = re.compile(r"record/value (\d+)")
 
 
 def _input_error(staged: Staged, err: Exception) -> InputError:
-    msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-    m = _RECORD.search(str(err))
-    where = f"traceEvents element {m.group(1)} (array at byte {staged.array_offset})" if m else "traceEvents"
-    msg = re.sub(r"^[A-Za-z ]*Error:\s*", "", msg)
-    msg = msg.replace(str(staged.array_path), "input")
-    return InputError(staged.source, where, f"expected well-formed trace events ({msg})")
+    text = str(err)
+    msg = re.sub(r"^[A-Za-z ]*Error:\s*", "", text.splitlines()[0] if text else type(err).__name__)
+    part = re.search(r'in file "([^"]+)"', text)
+    offset = staged.locate(part.group(1)) if part else None
+    if offset is not None and "malformed json" in text.lower():
+        exact = _syntax_error(staged, part.group(1))
+        if exact:
+            return exact
+    for p in staged.parts:
+        msg = msg.replace(str(p), "input")
+    where = f"events from byte {offset}" if offset is not None else "traceEvents"
+    return InputError(staged.source, where, f"expected well-formed trace events ({msg.strip()})")
+
+
+def _syntax_error(staged: Staged, part_name: str) -> InputError | None:
+    """The exact byte of a JSON syntax error, found by re-reading the failing part (error path only)."""
+    index = next(i for i, p in enumerate(staged.parts) if p.name in part_name)
+    data = staged.parts[index].read_bytes()
+    try:
+        orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        where = staged.part_offsets[index] + e.pos
+        unit = "byte (decompressed)" if staged.compressed else "byte"
+        return InputError(staged.source, f"{unit} {where}", f"expected well-formed JSON ({e.msg})")
+    return None
 
 
 def describe_run(staged: Staged, rank_override: int | None, label: str | None) -> dict:

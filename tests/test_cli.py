@@ -96,8 +96,10 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
     assert_one_line_error(run("ingest", truncated, "--db", tmp_path / "b.duckdb"), str(truncated), "byte")
 
     malformed = tmp_path / "m.json"
-    malformed.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}, {"ph": "X" "ts": 2}]}')
-    assert_one_line_error(run("analyze", malformed), str(malformed), "traceEvents element")
+    text = '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}, {"ph": "X" "ts": 2}]}'
+    malformed.write_text(text)
+    position = text.index('"ts": 2')
+    assert_one_line_error(run("analyze", malformed), str(malformed), f"byte {position}:")
 
     wrong = corpus("pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite")
     assert_one_line_error(run("analyze", wrong), str(wrong), "expected a JSON object or array")

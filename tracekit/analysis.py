@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .findings import Finding
 from .rules_api import DataQuality, Rule, all_rules, get_rule
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
 @dataclass
@@ -52,7 +56,9 @@ class Context:
             """,
             [event_id, limit],
         ).fetchall()
-        return [r[0] for r in rows]
+        # builtin frames name a live object ("... object at 0x7f..."): drop the address so locality,
+        # and with it the finding id, is the same in every run
+        return [_ADDRESS.sub("", r[0]) for r in rows]
 
     def enclosing_op(self, event_id: int) -> tuple[int, str, str | None] | None:
         """Nearest cpu_op ancestor: (event_id, name, input shapes)."""
@@ -65,7 +71,7 @@ class Context:
                 FROM events e JOIN up ON e.event_id = up.parent_id WHERE up.hops < 64
             )
             SELECT up.event_id, up.name, c.input_dims FROM up LEFT JOIN cpu_ops c USING (event_id)
-            WHERE up.kind = 'cpu_op' AND up.hops > 0 ORDER BY up.hops DESC LIMIT 1
+            WHERE up.kind = 'cpu_op' AND up.hops > 0 ORDER BY up.hops LIMIT 1
             """,
             [event_id],
         ).fetchone()

@@ -12,7 +12,7 @@ import pkgutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-RULE_MODULES = ("host_sync",)
+RULE_MODULES = ("comm_overlap", "gpu_idle", "host_sync", "launch_bound")
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,7 @@ class Rule:
         for key, raw in (overrides or {}).items():
             if key not in self.params:
                 raise KeyError(f"rule {self.code} ({self.name}) has no parameter {key!r}; it has {sorted(self.params)}")
-            default = self.params[key].default
-            values[key] = type(default)(raw) if default is not None and not isinstance(raw, type(default)) else raw
+            values[key] = _coerce(self.params[key].default, raw, f"{self.code}.{key}")
         return values
 
     def describe(self) -> dict:
@@ -70,6 +69,27 @@ class Rule:
             "params": {k: {"default": p.default, "unit": p.unit, "help": p.help} for k, p in self.params.items()},
             "doc": self.doc,
         }
+
+
+def _coerce(default: Any, raw: Any, where: str) -> Any:
+    """A CLI value to the type of the parameter's default ("false" is False, not bool("false"))."""
+    if default is None:
+        return raw
+    if isinstance(default, bool):
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{where}: expected true or false, got {raw!r}")
+    if isinstance(default, int) and isinstance(raw, float) and not raw.is_integer():
+        raise ValueError(f"{where}: expected an integer, got {raw!r}")
+    try:
+        return type(default)(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: expected a {type(default).__name__}, got {raw!r}") from None
 
 
 _REGISTRY: dict[str, Rule] = {}

@@ -116,7 +116,8 @@ SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlatio
        TRY_CAST(args->>'warps per SM' AS DOUBLE) AS warps_per_sm,
        TRY_CAST(args->>'est. achieved occupancy %' AS DOUBLE) AS est_occupancy_pct,
        TRY_CAST(args->>'graph id' AS BIGINT) AS graph_id,
-       (name ILIKE 'nccl%' OR name ILIKE '%nccl%Kernel%' OR name ILIKE 'rccl%') AS is_communication,
+       (name ILIKE 'nccl%' OR name ILIKE '%nccl%Kernel%' OR name ILIKE 'rccl%' OR name ILIKE 'msccl%'
+        OR name ILIKE '%cross_device_reduce%' OR name ILIKE '%custom_all_reduce%') AS is_communication,
        args
 FROM events WHERE kind = 'kernel';
 

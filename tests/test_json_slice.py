@@ -1,0 +1,84 @@
+"""Slicing the events array into parts: same events whichever way the file is cut or compressed."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+
+from tests.conftest import corpus, sample
+from tracekit import db
+from tracekit.errors import InputError
+from tracekit.ingest import ingest
+from tracekit.parsers import json_slice
+
+
+def fingerprint(con):
+    return con.execute(
+        "SELECT count(*), sum(hash(name, ts_ns, dur_ns, kind, args)), count(DISTINCT parent_id) FROM events"
+    ).fetchone()
+
+
+def ingest_fresh(paths):
+    con = db.connect(None)
+    ingest(con, paths)
+    return con
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["hta__trace_diff__test.json.gz", "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"],
+)
+def test_small_parts_give_identical_events(name, monkeypatch, tmp_path):
+    path = corpus(name)
+    whole = fingerprint(ingest_fresh([path]))
+    monkeypatch.setattr(json_slice, "PART_TARGET", 1 << 20)
+    staged = json_slice.stage(path)
+    try:
+        assert len(staged.parts) > 5
+        assert staged.part_offsets == sorted(staged.part_offsets)
+    finally:
+        staged.cleanup()
+    assert fingerprint(ingest_fresh([path])) == whole
+    plain = tmp_path / name.replace(".gz", "")
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    assert fingerprint(ingest_fresh([plain])) == whole
+
+
+def test_temp_parts_are_removed(monkeypatch, tmp_path):
+    monkeypatch.setattr(json_slice, "PART_TARGET", 1 << 20)
+    con = db.connect(None)
+    ingest(con, [corpus("hta__trace_diff__test.json.gz")], tmpdir=str(tmp_path))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_boundary_finder_skips_nested_objects():
+    buf = b'{"ph":"X","args":{"a":{"b":1}, "c":{"d":2}}},\n  {"ph":"i","ts":1}]'
+    end, start = json_slice.find_boundary(buf)
+    assert buf[start:].startswith(b'{"ph":"i"') and buf[end - 1 : end] == b"}"
+
+
+def test_metadata_after_the_array_is_kept(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "name": "a]"}], '
+                     '"traceName": "x]y", "distributedInfo": {"rank": 5, "world_size": 8}}')
+    staged = json_slice.stage(trace)
+    try:
+        assert staged.metadata["traceName"] == "x]y"
+        assert staged.metadata["distributedInfo"]["rank"] == 5
+    finally:
+        staged.cleanup()
+
+
+def test_sample_trace_gzip_and_plain_agree(tmp_path):
+    path = sample("cpu_two_threads.json.gz")
+    plain = tmp_path / "cpu.json"
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    assert fingerprint(ingest_fresh([path])) == fingerprint(ingest_fresh([plain]))
+
+
+def test_array_form_truncated_is_an_input_error(tmp_path):
+    trace = tmp_path / "a.json"
+    trace.write_text('[{"ph": "X", "ts": 1, "dur": 1}, {"ph": "X", "ts": 2')
+    with pytest.raises(InputError, match="a.json"):
+        ingest_fresh([trace])
