@@ -21,6 +21,7 @@ demo: $(VENV)/.installed
 	$(BIN)/tracekit analyze $(DEMO_TRACE)
 
 test: $(VENV)/.installed-dev
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: $(VENV)/.installed

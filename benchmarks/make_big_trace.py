@@ -13,6 +13,7 @@ Kineto's exact layout (header, one event per "  {...}" block, footer) and
 memory stays at a few copies of the 54 MB source however big the output.
 Output is deterministic: same source + copies -> same bytes.
 """
+
 import argparse
 import gzip
 import json
@@ -67,9 +68,7 @@ def build(src=DEFAULT_SRC, out=DEFAULT_OUT, copies=DEFAULT_COPIES):
             if k:
                 f.write(",\n")
                 dts, did = k * ts_step, k * id_step
-                f.write(FIELD_RE.sub(
-                    lambda m: f'"{m[1]}": {int(m[2]) + (dts if m[1] == "ts" else did)}',
-                    block))
+                f.write(FIELD_RE.sub(lambda m: f'"{m[1]}": {int(m[2]) + (dts if m[1] == "ts" else did)}', block))
             else:
                 f.write(block)
         f.write(footer)

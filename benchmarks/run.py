@@ -7,6 +7,7 @@ its peak RSS comes from os.wait4 on that child alone (the kernel folds in
 the max of any children it reaped, e.g. HTA's parser pool worker). Stdlib only:
 tracekit and HTA run from their own venvs, so their deps never load here.
 """
+
 import argparse
 import datetime
 import gzip
@@ -43,23 +44,26 @@ FILES = [
 ]
 BIG_LABEL = "big_1gb (df_index_resolver x19)"
 
-HTA_CODE = ("import os, sys\n"
-            "from hta.trace_analysis import TraceAnalysis\n"
-            "p = sys.argv[1]\n"
-            "TraceAnalysis(trace_files={0: p}, trace_dir=os.path.dirname(p))\n")
-JSON_CODE = ("import gzip, json, sys\n"
-             "p = sys.argv[1]\n"
-             "with (gzip.open if p.endswith('.gz') else open)(p, 'rb') as f:\n"
-             "    json.load(f)\n")
+HTA_CODE = (
+    "import os, sys\n"
+    "from hta.trace_analysis import TraceAnalysis\n"
+    "p = sys.argv[1]\n"
+    "TraceAnalysis(trace_files={0: p}, trace_dir=os.path.dirname(p))\n"
+)
+JSON_CODE = (
+    "import gzip, json, sys\n"
+    "p = sys.argv[1]\n"
+    "with (gzip.open if p.endswith('.gz') else open)(p, 'rb') as f:\n"
+    "    json.load(f)\n"
+)
 
 # Column order of every table: (key, header).
-TOOLS = [("ingest", "tracekit ingest"), ("analyze", "tracekit analyze"),
-         ("hta", "HTA load"), ("json", "json.load")]
+TOOLS = [("ingest", "tracekit ingest"), ("analyze", "tracekit analyze"), ("hta", "HTA load"), ("json", "json.load")]
 
-TARGET_SPEEDUP = 5.0      # HTA time / tracekit ingest time, every file
-TARGET_MBPS = 200.0       # raw JSON MB/s for tracekit ingest, 1 GB trace
-TARGET_RSS_RATIO = 1.5    # tracekit ingest peak RSS / raw size, 1 GB trace
-TARGET_ANALYZE_S = 15.0   # tracekit analyze wall time, 1 GB trace
+TARGET_SPEEDUP = 5.0  # HTA time / tracekit ingest time, every file
+TARGET_MBPS = 200.0  # raw JSON MB/s for tracekit ingest, 1 GB trace
+TARGET_RSS_RATIO = 1.5  # tracekit ingest peak RSS / raw size, 1 GB trace
+TARGET_ANALYZE_S = 15.0  # tracekit analyze wall time, 1 GB trace
 
 
 class Result:
@@ -85,8 +89,7 @@ def measure(cmd, cores, timeout):
     with tempfile.TemporaryFile() as err:
         t0 = time.perf_counter()
         # New session so a timeout can kill the child's own workers too.
-        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err,
-                             preexec_fn=pin, start_new_session=True)
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=pin, start_new_session=True)
         timer = threading.Timer(timeout, kill_group, (p.pid,))
         timer.start()
         _, status, ru = os.wait4(p.pid, 0)
@@ -143,16 +146,17 @@ def run_file(path, args, hta_error):
     if os.path.exists(TRACEKIT):
         tmp = tempfile.mkdtemp(prefix="tracekit-bench-")
         try:  # fresh database every time: ingest must not append to a previous run
-            res["ingest"] = measure([TRACEKIT, "ingest", path, "--db",
-                                     os.path.join(tmp, "x.duckdb")], args.cores, args.timeout)
+            res["ingest"] = measure(
+                [TRACEKIT, "ingest", path, "--db", os.path.join(tmp, "x.duckdb")], args.cores, args.timeout
+            )
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-        res["analyze"] = measure([TRACEKIT, "analyze", path, "--format", "json"],
-                                 args.cores, args.timeout)
+        res["analyze"] = measure([TRACEKIT, "analyze", path, "--format", "json"], args.cores, args.timeout)
     else:
         res["ingest"] = res["analyze"] = Result(error="tracekit not installed")
-    res["hta"] = (Result(error=hta_error) if hta_error else
-                  measure([HTA_PY, "-c", HTA_CODE, path], args.cores, args.timeout))
+    res["hta"] = (
+        Result(error=hta_error) if hta_error else measure([HTA_PY, "-c", HTA_CODE, path], args.cores, args.timeout)
+    )
     res["json"] = measure([sys.executable, "-c", JSON_CODE, path], args.cores, args.timeout)
     return res
 
@@ -200,31 +204,47 @@ def ratio(a, b):
 def report(rows, info, args):
     """rows: [(label, raw bytes, {tool: Result})] -> markdown text."""
     heads = [h for _, h in TOOLS]
-    out = ["# tracekit benchmark", "",
-           "One run; each cell is one fresh process, wall time from spawn to exit, "
-           "peak RSS from os.wait4. MB = 10^6 bytes; all tools read the same "
-           "decompressed .json from the page cache.", ""]
+    out = [
+        "# tracekit benchmark",
+        "",
+        "One run; each cell is one fresh process, wall time from spawn to exit, "
+        "peak RSS from os.wait4. MB = 10^6 bytes; all tools read the same "
+        "decompressed .json from the page cache.",
+        "",
+    ]
     out += ["| machine | |", "|---|---|"] + [f"| {k} | {v} |" for k, v in info] + [""]
 
-    out += ["## Wall time (s)", "",
-            "| file | raw MB | " + " | ".join(heads) + " | HTA / ingest | ingest MB/s |",
-            "|---|---:|" + "---:|" * (len(heads) + 2)]
+    out += [
+        "## Wall time (s)",
+        "",
+        "| file | raw MB | " + " | ".join(heads) + " | HTA / ingest | ingest MB/s |",
+        "|---|---:|" + "---:|" * (len(heads) + 2),
+    ]
     for label, size, res in rows:
         ing = res["ingest"].wall
-        out.append(f"| {label} | {size / 1e6:.1f} | "
-                   + " | ".join(cell(res[k], lambda r: f"{r.wall:.2f}") for k, _ in TOOLS)
-                   + f" | {ratio(res['hta'].wall, ing)} | "
-                   + (f"{size / 1e6 / ing:.0f}" if ing else "n/a") + " |")
+        out.append(
+            f"| {label} | {size / 1e6:.1f} | "
+            + " | ".join(cell(res[k], lambda r: f"{r.wall:.2f}") for k, _ in TOOLS)
+            + f" | {ratio(res['hta'].wall, ing)} | "
+            + (f"{size / 1e6 / ing:.0f}" if ing else "n/a")
+            + " |"
+        )
 
-    out += ["", "## Peak RSS (MB)", "",
-            "| file | raw MB | " + " | ".join(heads)
-            + " | ingest RSS / raw | HTA RSS / raw | json.load RSS / raw |",
-            "|---|---:|" + "---:|" * (len(heads) + 3)]
+    out += [
+        "",
+        "## Peak RSS (MB)",
+        "",
+        "| file | raw MB | " + " | ".join(heads) + " | ingest RSS / raw | HTA RSS / raw | json.load RSS / raw |",
+        "|---|---:|" + "---:|" * (len(heads) + 3),
+    ]
     for label, size, res in rows:
-        out.append(f"| {label} | {size / 1e6:.1f} | "
-                   + " | ".join(cell(res[k], lambda r: f"{r.rss / 1e6:.0f}") for k, _ in TOOLS)
-                   + " | " + " | ".join(ratio(res[k].rss, size) for k in ("ingest", "hta", "json"))
-                   + " |")
+        out.append(
+            f"| {label} | {size / 1e6:.1f} | "
+            + " | ".join(cell(res[k], lambda r: f"{r.rss / 1e6:.0f}") for k, _ in TOOLS)
+            + " | "
+            + " | ".join(ratio(res[k].rss, size) for k in ("ingest", "hta", "json"))
+            + " |"
+        )
 
     out += ["", "## Targets", ""] + targets(rows, args) + [""]
     return "\n".join(out)
@@ -235,12 +255,14 @@ def targets(rows, args):
         return "n/a" if ok is None else ("**met**" if ok else "**NOT met**")
 
     lines = []
-    speed = [(label, res["hta"].wall / res["ingest"].wall) for label, _, res in rows
-             if res["ingest"].wall and res["hta"].wall]
+    speed = [
+        (label, res["hta"].wall / res["ingest"].wall)
+        for label, _, res in rows
+        if res["ingest"].wall and res["hta"].wall
+    ]
     ok = min(s for _, s in speed) >= TARGET_SPEEDUP if speed else None
     detail = ", ".join(f"{label}: {s:.1f}x" for label, s in speed) or "not measured"
-    lines.append(f"- ingest >= {TARGET_SPEEDUP:.0f}x faster than HTA load on every file: "
-                 f"{verdict(ok)} ({detail})")
+    lines.append(f"- ingest >= {TARGET_SPEEDUP:.0f}x faster than HTA load on every file: {verdict(ok)} ({detail})")
 
     big = next((res for label, _, res in rows if label == BIG_LABEL), None)
     size = next((s for label, s, _ in rows if label == BIG_LABEL), None)
@@ -250,26 +272,28 @@ def targets(rows, args):
         return lines
     ing, ana = big["ingest"], big["analyze"]
     mbps = size / 1e6 / ing.wall if ing.wall else None
-    lines.append(f"- ingest >= {TARGET_MBPS:.0f} MB/s of raw JSON on {args.cores} cores (1 GB trace): "
-                 + (f"{verdict(mbps >= TARGET_MBPS)} ({mbps:.0f} MB/s)" if mbps else f"n/a ({ing.error})"))
+    lines.append(
+        f"- ingest >= {TARGET_MBPS:.0f} MB/s of raw JSON on {args.cores} cores (1 GB trace): "
+        + (f"{verdict(mbps >= TARGET_MBPS)} ({mbps:.0f} MB/s)" if mbps else f"n/a ({ing.error})")
+    )
     rr = ing.rss / size if ing.rss else None
-    lines.append(f"- ingest peak RSS <= {TARGET_RSS_RATIO}x raw size (1 GB trace): "
-                 + (f"{verdict(rr <= TARGET_RSS_RATIO)} ({rr:.2f}x)" if rr else f"n/a ({ing.error})"))
-    lines.append(f"- analyze (ingest + all rules) of the 1 GB trace < {TARGET_ANALYZE_S:.0f} s: "
-                 + (f"{verdict(ana.wall < TARGET_ANALYZE_S)} ({ana.wall:.1f} s)" if ana.wall
-                    else f"n/a ({ana.error})"))
+    lines.append(
+        f"- ingest peak RSS <= {TARGET_RSS_RATIO}x raw size (1 GB trace): "
+        + (f"{verdict(rr <= TARGET_RSS_RATIO)} ({rr:.2f}x)" if rr else f"n/a ({ing.error})")
+    )
+    lines.append(
+        f"- analyze (ingest + all rules) of the 1 GB trace < {TARGET_ANALYZE_S:.0f} s: "
+        + (f"{verdict(ana.wall < TARGET_ANALYZE_S)} ({ana.wall:.1f} s)" if ana.wall else f"n/a ({ana.error})")
+    )
     return lines
-
 
 
 def main():
     ap = argparse.ArgumentParser(description="tracekit vs HTA vs json.load")
-    ap.add_argument("--files", nargs="+", default=FILES,
-                    help="corpus file names (with or without .json.gz) or paths")
+    ap.add_argument("--files", nargs="+", default=FILES, help="corpus file names (with or without .json.gz) or paths")
     ap.add_argument("--skip-big", action="store_true", help="skip the ~1 GB trace")
     ap.add_argument("--out", default=os.path.join(HERE, "RESULTS.md"))
-    ap.add_argument("--cores", type=int, default=2,
-                    help="CPUs each run is pinned to (the targets are stated for 2)")
+    ap.add_argument("--cores", type=int, default=2, help="CPUs each run is pinned to (the targets are stated for 2)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per process")
     args = ap.parse_args()
 

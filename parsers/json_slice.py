@@ -155,7 +155,9 @@ def _split_tail(tail: bytes, path: Path, tail_offset: int) -> tuple[int, dict]:
                     continue
                 if isinstance(obj, dict):
                     return pos, obj
-    raise InputError(path, f"byte {tail_offset + len(end)}", "expected ']' closing the traceEvents array (file truncated?)")
+    raise InputError(
+        path, f"byte {tail_offset + len(end)}", "expected ']' closing the traceEvents array (file truncated?)"
+    )
 
 
 def _temp_file(tmpdir: str | None) -> tuple[int, Path]:

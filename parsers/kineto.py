@@ -157,9 +157,7 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool) ->
     for key in extra:
         columns[key] = "JSON"
     columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
-    extra_sql = (
-        "json_object(" + ", ".join(f"{_sql_str(k)}, \"{k}\"" for k in extra) + ")" if extra else "NULL::JSON"
-    )
+    extra_sql = "json_object(" + ", ".join(f'{_sql_str(k)}, "{k}"' for k in extra) + ")" if extra else "NULL::JSON"
     base_ns = _base_time_ns(staged.metadata)
     device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
     runtime_kinds = ", ".join(_sql_str(k) for k in RUNTIME_KINDS)
@@ -228,8 +226,6 @@ def _base_time_ns(meta: dict) -> int:
         return int(base) if base is not None else 0
     except (TypeError, ValueError):
         return 0
-
-
 
 
 def _input_error(staged: Staged, err: Exception) -> InputError:

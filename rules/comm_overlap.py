@@ -38,7 +38,6 @@ collective on a side stream (`async_op=True`) and wait for it just before its re
 from __future__ import annotations
 
 import json
-import re
 
 from tracekit.findings import Finding, Quantity
 from tracekit.rules_api import DataQuality, Param, rule
@@ -137,7 +136,6 @@ DTYPE_BYTES = {
 }  # fmt: skip
 
 COLLECTIVE_KEYS = ("Collective name", "In msg nelems", "Out msg nelems", "dtype", "Group size", "Process Group Name")
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB, NCCL time is latency, not bandwidth
 
 
@@ -232,7 +230,9 @@ def check(con, params, ctx):
     with_comm = {r for r, _, _ in comm_devices}
     for run in ctx.runs:
         if run.run_id not in with_comm and (world.get(run.run_id) or 1) > 1:
-            has_kernels = con.execute("SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = ?)", [run.run_id]).fetchone()[0]
+            has_kernels = con.execute(
+                "SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = ?)", [run.run_id]
+            ).fetchone()[0]
             if has_kernels:
                 yield DataQuality(
                     "C001",
@@ -340,7 +340,7 @@ def _finding(con, ctx, run, device, params, sql_params, cross, rows, *, exposed,
                 worst[k] = rpc[k]
     # Frames like "<built-in method allreduce of ... object at 0x7f1c...>" carry a per-process address: drop it
     # so the finding id stays stable across runs.
-    code_path = [_ADDRESS.sub("", f) for f in ctx.code_path(chain[0][0])] if chain else []
+    code_path = ctx.code_path(chain[0][0]) if chain else []
     collective = worst.get("Collective name") or (annotation or "").removeprefix("nccl:") or None
 
     # Waiting for a late peer, clipped per kernel to its exposed part (overlapped waiting costs nothing).
@@ -442,7 +442,9 @@ def _finding(con, ctx, run, device, params, sql_params, cross, rows, *, exposed,
         "input_shapes": coll_op[2] if coll_op and coll_op[2] else None,
         "code_path": code_path or None,
         "window_ns": [int(min(r[3] for r in rows)), int(max(r[4] for r in rows))],
-        "launch": {k: v for k, v in {"call": launch_call, "annotation": annotation, "collective": collective}.items() if v},
+        "launch": {
+            k: v for k, v in {"call": launch_call, "annotation": annotation, "collective": collective}.items() if v
+        },
     }
     if not locality["launch"]:
         locality["launch"] = None

@@ -49,8 +49,7 @@ host time to issue. Capturing the decode step in a CUDA graph cut the stream's i
 
 from __future__ import annotations
 
-import re
-
+from tracekit.analysis import ms, us, user_frame
 from tracekit.findings import Finding, Quantity
 from tracekit.rules_api import DataQuality, Param, rule
 
@@ -151,13 +150,15 @@ SUMMARY_SQL = (
 )
 
 # The evidence query: recomputes the stream's idle time (first column, = observed) and its split.
-STREAM_SQL = (
-    "SELECT" + SUMMARY_COLUMNS + "FROM (" + GAPS_SQL + ") g\nWHERE device = $device AND stream = $stream"
-)
+STREAM_SQL = "SELECT" + SUMMARY_COLUMNS + "FROM (" + GAPS_SQL + ") g\nWHERE device = $device AND stream = $stream"
+
+# The per-finding detail queries read the run's gaps from a temp table built once per run
+# (GAPS_TABLE): the gap sweep is the expensive part, and the evidence query above stays self-contained.
+GAPS_TABLE = "_g001_gaps"
 
 TOP_GAPS_SQL = (
     "SELECT event_id, kind, name, prev_end, ts_ns, gap_ns, cause, runtime_event_id, runtime_name, other_busy_ns\n"
-    "FROM (" + GAPS_SQL + ") g\nWHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, event_id LIMIT $top"
+    f"FROM {GAPS_TABLE} g\nWHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, event_id LIMIT $top"
 )
 
 # Host gaps grouped by what launched the activity after them: the launching thread and the
@@ -165,61 +166,18 @@ TOP_GAPS_SQL = (
 HOST_SITES_SQL = (
     "SELECT g.launch_tid, coalesce(p.name, g.runtime_name) AS site, count(*) AS gaps, sum(g.gap_ns) AS idle_ns,\n"
     "       arg_max(g.runtime_event_id, g.gap_ns) AS worst_runtime_event_id\n"
-    "FROM (" + GAPS_SQL + ") g\n"
+    f"FROM {GAPS_TABLE} g\n"
     "LEFT JOIN events r ON r.event_id = g.runtime_event_id LEFT JOIN events p ON p.event_id = r.parent_id\n"
     "WHERE g.device = $device AND g.stream = $stream AND g.cause = 'host'\n"
     "GROUP BY ALL ORDER BY idle_ns DESC, site LIMIT 3"
 )
 
-GRAPH_LAUNCHES_SQL = (
-    "SELECT count(*) FROM runtime_calls WHERE run_id = $run_id AND (name ILIKE '%GraphLaunch%')"
-)
+GRAPH_LAUNCHES_SQL = "SELECT count(*) FROM runtime_calls WHERE run_id = $run_id AND (name ILIKE '%GraphLaunch%')"
 
 
-def _ms(ns) -> str:
-    return f"{(ns or 0) / 1e6:.2f} ms"
-
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _code_path(ctx, event_id) -> list[str]:
-    """Python frames above an event, innermost first, without per-process addresses (` at 0x7f...`)."""
-    return [_ADDRESS.sub("", f) for f in ctx.code_path(event_id)] if event_id is not None else []
-
-
-# The outermost cpu_op above an event (ProfilerStep#N, an op in old traces, skipped), with its shapes.
-# Like ctx.enclosing_op, but reads the one op row instead of joining the whole cpu_ops view.
-ENCLOSING_OP_SQL = """
-WITH RECURSIVE up(event_id, parent_id, kind, name, hops) AS (
-    SELECT event_id, parent_id, kind, name, 0 FROM events WHERE event_id = $event_id
-    UNION ALL
-    SELECT e.event_id, e.parent_id, e.kind, e.name, up.hops + 1
-    FROM events e JOIN up ON e.event_id = up.parent_id WHERE up.hops < 64
-), top AS (
-    SELECT event_id, name FROM up WHERE kind = 'cpu_op' AND hops > 0 AND name NOT LIKE 'ProfilerStep#%'
-    ORDER BY hops DESC LIMIT 1
-)
-SELECT top.event_id, top.name, CAST(coalesce(e.args->'Input Dims', e.args->'Input dims') AS VARCHAR)
-FROM top JOIN events e ON e.event_id = top.event_id
-"""
-
-
-def _enclosing_op(con, event_id):
-    return con.execute(ENCLOSING_OP_SQL, {"event_id": event_id}).fetchone() if event_id is not None else None
-
-
-def _where(code_path) -> str:
-    """The innermost module and user frame of a code path (innermost first), e.g. `nn.Module: Linear_3 in
-    model.py(241): decode`."""
-    module = next((f for f in code_path if f.startswith("nn.Module")), None)
-    user = next((f for f in code_path if not f.startswith(("torch/", "<built-in", "nn.Module", "<"))), None)
-    parts = [p for p in (module, user) if p]
-    return " in ".join(parts) if parts else (code_path[0] if code_path else "")
-
-
-def _us(ns) -> str:
-    return f"{(ns or 0) / 1e3:.0f} us"
+def _enclosing_op(ctx, event_id):
+    """The outermost op above a launch (e.g. aten::linear rather than aten::addmm), with its shapes."""
+    return ctx.enclosing_op(event_id, outermost=True) if event_id is not None else None
 
 
 @rule(
@@ -241,7 +199,11 @@ def check(con, params, ctx):
         if run.window_ns <= 0:
             continue
         base = {"run_id": run.run_id, "kernel_wait_ns": params["kernel_wait_ns"]}
-        cur = con.execute(SUMMARY_SQL, {**base, "short_gap_ns": params["short_gap_ns"]})
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {GAPS_SQL}", base)
+        cur = con.execute(
+            f"SELECT device, stream, {SUMMARY_COLUMNS} FROM {GAPS_TABLE} GROUP BY device, stream ORDER BY device, stream",
+            {"short_gap_ns": params["short_gap_ns"]},
+        )
         cols = [d[0] for d in cur.description]
         rows = [dict(zip(cols, r)) for r in cur.fetchall()]
         if not rows:
@@ -272,9 +234,10 @@ def check(con, params, ctx):
 
 
 def _finding(con, ctx, run, params, device, stream, graph_launches, s):
-    where = {"run_id": run.run_id, "device": device, "stream": stream, "kernel_wait_ns": params["kernel_wait_ns"]}
+    where = {"device": device, "stream": stream}
     top = con.execute(TOP_GAPS_SQL, {**where, "top": params["top_gaps"]}).fetchall()
     sites = con.execute(HOST_SITES_SQL, where).fetchall()
+    where = {"run_id": run.run_id, **where, "kernel_wait_ns": params["kernel_wait_ns"]}
 
     idle, active = s["idle"], s["active"]
     share = idle / active
@@ -294,35 +257,37 @@ def _finding(con, ctx, run, params, device, stream, graph_launches, s):
             "other_streams_busy_ns": int(other_busy),
         }
         if rt_id is not None:
-            op = _enclosing_op(con, rt_id)
+            op = _enclosing_op(ctx, rt_id)
             item["launch"] = {
                 "runtime_event_id": int(rt_id),
                 "call": rt_name,
                 "op": op[1] if op else None,
                 "input_shapes": op[2] if op else None,
-                "code_path": _code_path(ctx, rt_id),
+                "code_path": ctx.code_path(rt_id),
             }
         largest.append(item)
 
     host_sites = []
     for tid, site, n, site_idle, worst in sites:
-        op = _enclosing_op(con, worst)
-        host_sites.append({
-            "tid": tid,
-            "thread_name": ctx.thread_name(run.run_id, _pid_of(con, worst), tid) if worst is not None else None,
-            "site": site,
-            "gaps": int(n),
-            "idle_ns": int(site_idle),
-            "op": op[1] if op else None,
-            "code_path": _code_path(ctx, worst) if worst is not None else [],
-            "sample_runtime_event_id": int(worst) if worst is not None else None,
-        })
+        op = _enclosing_op(ctx, worst)
+        host_sites.append(
+            {
+                "tid": tid,
+                "thread_name": ctx.thread_name(run.run_id, _pid_of(con, worst), tid) if worst is not None else None,
+                "site": site,
+                "gaps": int(n),
+                "idle_ns": int(site_idle),
+                "op": op[1] if op else None,
+                "code_path": ctx.code_path(worst) if worst is not None else [],
+                "sample_runtime_event_id": int(worst) if worst is not None else None,
+            }
+        )
 
     severity = "critical" if exposed_share >= 0.5 else "warning" if exposed_share >= 0.3 else "info"
     site_text = ""
     if host_sites:
         h = host_sites[0]
-        where_txt = _where(h["code_path"]) or h["op"] or h["site"]
+        where_txt = user_frame(h["code_path"]) or h["op"] or h["site"]
         site_text = f" The largest share of host gaps ends at launches from {h['site']} ({where_txt})."
 
     caveats = []
@@ -342,19 +307,19 @@ def _finding(con, ctx, run, params, device, stream, graph_launches, s):
 
     if dominant == "host" and short_host and not graph_launches:
         hypothesis = (
-            f"The stream is launch-bound: {s['host_gaps']} host-caused gaps (median {_us(s['host_median'])}) "
+            f"The stream is launch-bound: {s['host_gaps']} host-caused gaps (median {us(s['host_median'])}) "
             f"make {host_share:.0%} of its idle time; the host takes longer to issue each kernel (Python, "
             "dispatcher, launch) than the GPU takes to run it." + site_text
         )
         next_experiment = (
-            "Capture the repeated loop body in a CUDA graph: `torch.compile(model, mode=\"reduce-overhead\")`, "
+            'Capture the repeated loop body in a CUDA graph: `torch.compile(model, mode="reduce-overhead")`, '
             "or `torch.cuda.CUDAGraph` with static input buffers (warm up on a side stream, capture once, "
             "copy inputs in and `graph.replay()` each step), then re-profile the same loop."
         )
     elif dominant == "host" and graph_launches:
         hypothesis = (
             f"CUDA graphs are already replayed, yet {host_share:.0%} of the idle time is host-caused "
-            f"({s['host_gaps']} gaps, median {_us(s['host_median'])}): work outside the graphs (eager kernels, "
+            f"({s['host_gaps']} gaps, median {us(s['host_median'])}): work outside the graphs (eager kernels, "
             "copies, per-step syncs and Python between replays) keeps the GPU waiting." + site_text
         )
         next_experiment = (
@@ -366,7 +331,7 @@ def _finding(con, ctx, run, params, device, stream, graph_launches, s):
         long_share = 1 - s["host_short"] / s["host"]
         hypothesis = (
             f"{host_share:.0%} of the idle time is host-caused ({s['host_gaps']} gaps, median "
-            f"{_us(s['host_median'])}, {long_share:.0%} of it in gaps over {_us(params['short_gap_ns'])}): "
+            f"{us(s['host_median'])}, {long_share:.0%} of it in gaps over {us(params['short_gap_ns'])}): "
             "the host does other work between launches (data loading, syncs, Python logic, allocation)." + site_text
         )
         next_experiment = (
@@ -387,7 +352,7 @@ def _finding(con, ctx, run, params, device, stream, graph_launches, s):
     elif dominant == "kernel_wait":
         hypothesis = (
             f"{split['kernel_wait'] / idle:.0%} of the idle time is launch latency between queued back-to-back "
-            f"kernels (gaps under {_us(params['kernel_wait_ns'])}): the stream runs many very short kernels."
+            f"kernels (gaps under {us(params['kernel_wait_ns'])}): the stream runs many very short kernels."
         )
         next_experiment = (
             "Fuse the short kernels (torch.compile, fused optimizers/norms) or replay them in a CUDA graph, "
@@ -404,7 +369,7 @@ def _finding(con, ctx, run, params, device, stream, graph_launches, s):
         )
 
     title = (
-        f"GPU {device} stream {stream} idle {share:.0%} of its active window ({_ms(idle)} of {_ms(active)}): "
+        f"GPU {device} stream {stream} idle {share:.0%} of its active window ({ms(idle)} of {ms(active)}): "
         f"host {s['host'] / idle:.0%}, other GPU work {s['other_gpu'] / idle:.0%}, "
         f"kernel wait {s['kernel_wait'] / idle:.0%}, other {s['other'] / idle:.0%}"
     )
@@ -422,9 +387,9 @@ def _finding(con, ctx, run, params, device, stream, graph_launches, s):
         observed=Quantity(
             s["idle"],
             "ns",
-            f"idle in {s['gaps']} gaps between {s['activities']} activities: host {_us(s['host'])}, "
-            f"other GPU work {_us(s['other_gpu'])}, kernel wait {_us(s['kernel_wait'])}, other {_us(s['other'])}; "
-            f"{_us(s['exposed'])} of it with the whole device idle",
+            f"idle in {s['gaps']} gaps between {s['activities']} activities: host {us(s['host'])}, "
+            f"other GPU work {us(s['other_gpu'])}, kernel wait {us(s['kernel_wait'])}, other {us(s['other'])}; "
+            f"{us(s['exposed'])} of it with the whole device idle",
         ),
         expected=Quantity(
             int(params["min_idle_share"] * active),

@@ -79,9 +79,7 @@ ASOF LEFT JOIN (SELECT ts_ns FROM gpu_activities WHERE run_id = $run_id) nxt
 SITE_SQL = (
     "SELECT count(*) AS calls, sum(dur_ns) AS host_blocked_ns, sum(gpu_idle_after_ns) AS gpu_idle_after_ns,\n"
     "       min(ts_ns) AS first_ns, max(ts_ns + dur_ns) AS last_ns\n"
-    "FROM ("
-    + BLOCKING_CALLS_SQL
-    + ") b\nWHERE blocking IS NOT NULL AND tid = $tid AND call = $call AND site = $site"
+    "FROM (" + BLOCKING_CALLS_SQL + ") b\nWHERE blocking IS NOT NULL AND tid = $tid AND call = $call AND site = $site"
 )
 
 
@@ -176,7 +174,7 @@ def check(con, params, ctx):
                 ),
                 next_experiment=(
                     "Run the loop with `torch.cuda.set_sync_debug_mode('warn')` to get the Python line of each "
-                    f"implicit sync, then move the check off the per-step path (read the value one step late "
+                    "implicit sync, then move the check off the per-step path (read the value one step late "
                     "through a pinned buffer with non_blocking=True) and re-profile."
                 ),
                 acceptance=(

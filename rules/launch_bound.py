@@ -54,8 +54,7 @@ time fell 13x.
 
 from __future__ import annotations
 
-import re
-
+from tracekit.analysis import ms, us, user_frame
 from tracekit.findings import Finding, Quantity
 from tracekit.rules_api import Param, rule
 
@@ -254,31 +253,6 @@ FROM sig GROUP BY op ORDER BY launches DESC, gpu_ns DESC, op LIMIT 5
 RUN_GRAPHS_SQL = "SELECT count(*) FROM runtime_calls WHERE run_id = $run_id AND name ILIKE '%GraphLaunch%'"
 
 
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _code_path(ctx, event_id) -> list[str]:
-    """Python frames above an event, innermost first, without per-process addresses (` at 0x7f...`)."""
-    return [_ADDRESS.sub("", f) for f in ctx.code_path(event_id)] if event_id is not None else []
-
-
-def _where(code_path) -> str:
-    """The innermost module and user frame of a code path (innermost first), e.g. `nn.Module: Linear_3 in
-    model.py(241): decode`."""
-    module = next((f for f in code_path if f.startswith("nn.Module")), None)
-    user = next((f for f in code_path if not f.startswith(("torch/", "<built-in", "nn.Module", "<"))), None)
-    parts = [p for p in (module, user) if p]
-    return " in ".join(parts) if parts else (code_path[0] if code_path else "")
-
-
-def _us(ns) -> str:
-    return f"{(ns or 0) / 1e3:.3g} us"
-
-
-def _ms(ns) -> str:
-    return f"{(ns or 0) / 1e6:.2f} ms"
-
-
 @rule(
     code="G002",
     name="launch-bound",
@@ -355,7 +329,7 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
         for op, dims, n, short, gpu, lns, sample, nsteps, nshapes, _, _ in ops
     ]
     top = op_rows[0] if op_rows else None
-    code_path = _code_path(ctx, top["sample_runtime_event_id"]) if top else []
+    code_path = ctx.code_path(top["sample_runtime_event_id"]) if top else []
     signatures = ops[0][9] if ops else 0
     step_signatures = ops[0][10] if ops else 0
     repeated = steps >= 2 and g["min_step_launches"] > 0 and g["min_step_launches"] == g["max_step_launches"]
@@ -367,10 +341,9 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
     else:
         step_txt = f"{g['step']} ({steps} step{'s' if steps != 1 else ''})"
     top_txt = (
-        f"{top['op']} issued {top['launches']} of them (most often with shapes {top['input_shapes']})"
-        if top else ""
+        f"{top['op']} issued {top['launches']} of them (most often with shapes {top['input_shapes']})" if top else ""
     )
-    where_txt = _where(code_path)
+    where_txt = user_frame(code_path)
     per_step = launches / steps
 
     caveats = []
@@ -402,7 +375,7 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
         hypothesis = (
             f"{step_txt} runs eagerly although the run uses CUDA graphs elsewhere: GPU busy "
             f"{g['busy_share']:.0%} of the step time, {g['shorter']} of {launches} launches run shorter than their "
-            f"launch call (median kernel {_us(g['median_gpu_ns'])} vs call {_us(g['median_launch_ns'])}). {top_txt}."
+            f"launch call (median kernel {us(g['median_gpu_ns'])} vs call {us(g['median_launch_ns'])}). {top_txt}."
         )
         next_experiment = (
             "Check why this step is not captured (dynamic shapes, host syncs, unsupported ops); capture it "
@@ -412,15 +385,15 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
     elif repeated and static_shapes:
         hypothesis = (
             f"{step_txt} is launch-bound: GPU busy {g['busy_share']:.0%} of the step time; {g['shorter']} of "
-            f"{launches} launches run shorter than their launch call (median kernel {_us(g['median_gpu_ns'])} vs "
-            f"call {_us(g['median_launch_ns'])}), {g['tiny_run']} sit in runs of >= {params['min_run']} tiny "
+            f"{launches} launches run shorter than their launch call (median kernel {us(g['median_gpu_ns'])} vs "
+            f"call {us(g['median_launch_ns'])}), {g['tiny_run']} sit in runs of >= {params['min_run']} tiny "
             f"kernels and {g['short_idle_share']:.0%} of the GPU idle time is in gaps under "
-            f"{_us(params['short_gap_ns'])}: the host's per-launch cost sets the pace. Every step issues the "
+            f"{us(params['short_gap_ns'])}: the host's per-launch cost sets the pace. Every step issues the "
             f"same {per_step:.0f} launches with the same shapes: a CUDA graph fits. "
             f"{top_txt}."
         )
         next_experiment = (
-            "Capture one step in a CUDA graph and replay it: `torch.compile(model, mode=\"reduce-overhead\")`, or "
+            'Capture one step in a CUDA graph and replay it: `torch.compile(model, mode="reduce-overhead")`, or '
             "`torch.cuda.CUDAGraph` with static input/output buffers (warm up on a side stream, capture once, "
             "copy the new inputs in and `graph.replay()` per step); keep host syncs out of the captured "
             f"region{' (code path: ' + where_txt + ')' if where_txt else ''}. Re-profile the same loop."
@@ -434,14 +407,14 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
         )
         next_experiment = (
             "Make the shapes static (preallocated KV cache with a length mask, shapes padded to a few "
-            "buckets) and capture the step in CUDA graphs, one per bucket (`torch.compile(mode=\"reduce-overhead\", "
+            'buckets) and capture the step in CUDA graphs, one per bucket (`torch.compile(mode="reduce-overhead", '
             "dynamic=False)` does this); or fuse the small ops with torch.compile first. Re-profile."
         )
     else:
         hypothesis = (
             f"{step_txt} is launch-bound: GPU busy {g['busy_share']:.0%}; {g['shorter']} of {launches} launches "
-            f"run shorter than their launch call (median kernel {_us(g['median_gpu_ns'])} vs call "
-            f"{_us(g['median_launch_ns'])}). The step is not a repeated identical body, so a CUDA graph fits "
+            f"run shorter than their launch call (median kernel {us(g['median_gpu_ns'])} vs call "
+            f"{us(g['median_launch_ns'])}). The step is not a repeated identical body, so a CUDA graph fits "
             f"less well. {top_txt}."
         )
         next_experiment = (
@@ -451,7 +424,7 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
         )
 
     title = (
-        f"Launch-bound {g['step']} on GPU {g['device']}: GPU busy {g['busy_share']:.0%} of {_ms(g['step_ns'])} over "
+        f"Launch-bound {g['step']} on GPU {g['device']}: GPU busy {g['busy_share']:.0%} of {ms(g['step_ns'])} over "
         f"{steps} step(s); {g['shorter']}/{launches} launches shorter than their launch call"
     )
     thread = ctx.thread_name(run.run_id, g["pid"], g["tid"]) if g["tid"] is not None else None
@@ -464,6 +437,7 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
             **run.locality(),
             "pid": g["pid"],
             "tid": g["tid"],
+            "thread_name": thread,
             "device": int(g["device"]),
             "step": g["step"],
             "op": top["op"] if top else None,
@@ -474,7 +448,7 @@ def _finding(con, ctx, run, params, base, g, idle, run_graphs):
         observed=Quantity(
             g["busy_share"],
             "ratio",
-            f"GPU busy share inside {steps} step(s) ({_ms(g['busy_ns'])} of {_ms(g['step_ns'])}); "
+            f"GPU busy share inside {steps} step(s) ({ms(g['busy_ns'])} of {ms(g['step_ns'])}); "
             f"{launches} launches, {g['shorter']} shorter than their call, {g['tiny_run']} in tiny-kernel runs",
         ),
         expected=Quantity(params["max_busy_share"], "ratio", "GPU busy at least this share of the step time"),

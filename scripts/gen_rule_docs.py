@@ -13,7 +13,12 @@ OUT = Path(__file__).resolve().parent.parent / "docs" / "rules.md"
 def render() -> str:
     parts = ["# Rules", "", "Generated from each rule module's docstring by `make docs`; do not edit by hand.", ""]
     for r in all_rules():
-        parts += [f"## {r.code} {r.name}", "", f"*{r.title}* ({r.category}; {r.status} since {r.since}; needs {', '.join(r.requires)})", ""]
+        parts += [
+            f"## {r.code} {r.name}",
+            "",
+            f"*{r.title}* ({r.category}; {r.status} since {r.since}; needs {', '.join(r.requires)})",
+            "",
+        ]
         parts += ["#" + line if line.startswith("##") else line for line in r.doc.splitlines()]
         parts += ["", "| option | default | unit | meaning |", "|---|---|---|---|"]
         parts += [f"| `{k}` | {p.default!r} | {p.unit} | {p.help} |" for k, p in r.params.items()]

@@ -481,8 +481,7 @@ def cmd_gpu(args, argv) -> None:
     torch.manual_seed(0)
     TinyLM = build_model_classes()
     max_seq = args.prompt_len + args.steps + 1
-    model = TinyLM(args.vocab, args.hidden, args.heads, args.layers, max_seq, args.batch,
-                   torch.bfloat16, device).eval()
+    model = TinyLM(args.vocab, args.hidden, args.heads, args.layers, max_seq, args.batch, torch.bfloat16, device).eval()
     prompt = torch.randint(0, args.vocab, (args.batch, args.prompt_len), device=device)
     eos_id = args.vocab - 1  # random weights: effectively never all-EOS, so all steps run
 
@@ -552,8 +551,17 @@ def _tp_worker(rank: int, world: int, args, port: int, result_q) -> None:
         TinyLM = build_model_classes()
         max_seq = args.prompt_len + args.steps + 1
         torch.manual_seed(1234 + rank)  # shards differ per rank
-        model = TinyLM(args.vocab, args.hidden, args.heads, args.layers, max_seq, args.batch,
-                       torch.bfloat16, device, tp_world=world).eval()
+        model = TinyLM(
+            args.vocab,
+            args.hidden,
+            args.heads,
+            args.layers,
+            max_seq,
+            args.batch,
+            torch.bfloat16,
+            device,
+            tp_world=world,
+        ).eval()
         # replicated parts must match across ranks
         with torch.no_grad():
             for t in (model.embed.weight, model.pos_embed.weight, model.lm_head.weight):
@@ -619,8 +627,9 @@ def cmd_gpu_tp(args, argv) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(sp):

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import jsonschema
-import pytest
 
 from tests.conftest import corpus, sample
 from tracekit.findings import json_schema
@@ -36,13 +34,24 @@ def assert_one_line_error(proc, *fragments):
 
 def test_ingest_then_sql_reconciles(tmp_path):
     dbf = tmp_path / "run.duckdb"
-    out = run("ingest", sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz"), "--db", dbf, "-f", "json", check_rc=0)
+    out = run(
+        "ingest",
+        sample("gpu_tp2_rank0.json.gz"),
+        sample("gpu_tp2_rank1.json.gz"),
+        "--db",
+        dbf,
+        "-f",
+        "json",
+        check_rc=0,
+    )
     rows = json.loads(out.stdout)
     assert [r["rank"] for r in rows] == [0, 1]
     assert all(r["events_read"] == r["events_ingested"] + r["events_skipped"] for r in rows)
     q = run("sql", dbf, "SELECT run_id, count(*) AS n FROM events GROUP BY 1 ORDER BY 1", "-f", "json", check_rc=0)
     assert [r["n"] for r in json.loads(q.stdout)] == [r["events_ingested"] for r in rows]
-    csv_out = run("sql", dbf, "SELECT count(*) AS n FROM kernels WHERE run_id = $r", "-p", "r", "1", "-f", "csv", check_rc=0)
+    csv_out = run(
+        "sql", dbf, "SELECT count(*) AS n FROM kernels WHERE run_id = $r", "-p", "r", "1", "-f", "csv", check_rc=0
+    )
     assert csv_out.stdout.splitlines()[0] == "n" and int(csv_out.stdout.splitlines()[1]) > 0
 
 
@@ -61,7 +70,15 @@ def test_analyze_json_document_validates(tmp_path):
 def test_analyze_text_and_markdown_and_fail_on(tmp_path):
     text = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), check_rc=0)
     assert "findings" in text.stdout and "H001" in text.stdout
-    md = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--format", "markdown", "--rules", "host-sync", check_rc=0)
+    md = run(
+        "analyze",
+        sample("gpu_prefill_decode_eager.json.gz"),
+        "--format",
+        "markdown",
+        "--rules",
+        "host-sync",
+        check_rc=0,
+    )
     assert md.stdout.startswith("# tracekit report") and "```sql" in md.stdout
     failing = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--rules", "H001", "--fail-on", "info")
     assert failing.returncode == 1
@@ -70,8 +87,17 @@ def test_analyze_text_and_markdown_and_fail_on(tmp_path):
 
 
 def test_param_override_changes_outcome():
-    strict = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--rules", "H001", "-f", "json",
-                 "--param", "H001.min_share=0.9", check_rc=0)
+    strict = run(
+        "analyze",
+        sample("gpu_prefill_decode_eager.json.gz"),
+        "--rules",
+        "H001",
+        "-f",
+        "json",
+        "--param",
+        "H001.min_share=0.9",
+        check_rc=0,
+    )
     assert json.loads(strict.stdout)["findings"] == []
     bad = run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--param", "H001.nope=1")
     assert_one_line_error(bad, "nope")
@@ -116,12 +142,18 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
 
 def test_skipped_events_are_counted_with_reasons(tmp_path):
     trace = tmp_path / "s.json"
-    trace.write_text(json.dumps({"traceEvents": [
-        {"ph": "X", "ts": 1, "dur": 2, "name": "ok", "pid": 1, "tid": 1},
-        {"ts": 1, "dur": 2, "name": "no phase"},
-        {"ph": "X", "ts": 3, "name": "no dur"},
-        7,
-    ]}))
+    trace.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {"ph": "X", "ts": 1, "dur": 2, "name": "ok", "pid": 1, "tid": 1},
+                    {"ts": 1, "dur": 2, "name": "no phase"},
+                    {"ph": "X", "ts": 3, "name": "no dur"},
+                    7,
+                ]
+            }
+        )
+    )
     rows = json.loads(run("ingest", trace, "--db", tmp_path / "s.duckdb", "-f", "json", check_rc=0).stdout)
     assert rows[0]["events_read"] == 4 and rows[0]["events_ingested"] == 1
     assert rows[0]["skipped_reasons"] == {"missing ph": 1, "complete event without dur": 1, "not a JSON object": 1}

@@ -5,12 +5,12 @@ from __future__ import annotations
 import gzip
 
 import pytest
+from tracekit.parsers import json_slice
 
 from tests.conftest import corpus, sample
 from tracekit import db
 from tracekit.errors import InputError
 from tracekit.ingest import ingest
-from tracekit.parsers import json_slice
 
 
 def fingerprint(con):
@@ -60,8 +60,10 @@ def test_boundary_finder_skips_nested_objects():
 
 def test_metadata_after_the_array_is_kept(tmp_path):
     trace = tmp_path / "t.json"
-    trace.write_text('{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "name": "a]"}], '
-                     '"traceName": "x]y", "distributedInfo": {"rank": 5, "world_size": 8}}')
+    trace.write_text(
+        '{"schemaVersion": 1, "traceEvents": [{"ph": "X", "ts": 1, "dur": 1, "name": "a]"}], '
+        '"traceName": "x]y", "distributedInfo": {"rank": 5, "world_size": 8}}'
+    )
     staged = json_slice.stage(trace)
     try:
         assert staged.metadata["traceName"] == "x]y"

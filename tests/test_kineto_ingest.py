@@ -101,7 +101,9 @@ def test_mtia_categories_are_kept_as_their_own_kinds(loaded):
     con = loaded(corpus("hta__mtia_inference_trace__mtia_inference_rank_0.json.gz"))
     kinds = {k for (k,) in con.execute("SELECT DISTINCT kind FROM events").fetchall()}
     assert {"mtia_runtime", "mtia_ccp_events"} <= kinds
-    assert con.execute("SELECT count(*) FROM events WHERE kind = 'mtia_ccp_events' AND device IS NULL").fetchone()[0] == 0
+    assert (
+        con.execute("SELECT count(*) FROM events WHERE kind = 'mtia_ccp_events' AND device IS NULL").fetchone()[0] == 0
+    )
 
 
 def test_missing_device_properties_and_distributed_info(loaded):

@@ -6,8 +6,8 @@ import re
 
 import jsonschema
 import pytest
-
 import tracekit.rules.comm_overlap as comm_overlap  # registers C001 before RULE_MODULES lists it
+
 from tracekit.analysis import run_rules
 from tracekit.findings import json_schema
 from tracekit.rules_api import get_rule
@@ -64,7 +64,9 @@ def test_fires_on_tensor_parallel_rank_that_waits(tp):
     assert loc["op"].startswith("c10d::")
     assert loc["launch"]["annotation"].startswith("nccl:")
     assert loc["code_path"] and any("all_reduce" in frame for frame in loc["code_path"])
-    assert not any(re.search(r"0x[0-9a-f]{6,}", frame) for frame in loc["code_path"]), "per-process addresses leak into the id"
+    assert not any(re.search(r"0x[0-9a-f]{6,}", frame) for frame in loc["code_path"]), (
+        "per-process addresses leak into the id"
+    )
     run = tp.execute("SELECT start_ns, end_ns FROM runs WHERE run_id = ?", [loc["run_id"]]).fetchone()
     assert run[0] <= loc["window_ns"][0] < loc["window_ns"][1] <= run[1]
     assert f.severity in ("warning", "critical") and f.impact_share >= 0.05
@@ -96,7 +98,9 @@ def test_cross_rank_split_blames_the_late_rank(tp):
     # The late rank itself waits less, so it has less exposed comm than the rank that waits for it.
     r0 = evidence(tp, f)
     run1 = next(r for r in tp.execute("SELECT run_id FROM runs WHERE rank = 1").fetchall())[0]
-    dev1 = tp.execute("SELECT any_value(device) FROM kernels WHERE run_id = ? AND is_communication", [run1]).fetchone()[0]
+    dev1 = tp.execute("SELECT any_value(device) FROM kernels WHERE run_id = ? AND is_communication", [run1]).fetchone()[
+        0
+    ]
     r1 = dict(zip(["exposed_ns"], tp.execute(f.sql, {**f.sql_params, "run_id": run1, "device": dev1}).fetchone()))
     assert r1["exposed_ns"] < r0["exposed_ns"]
 
@@ -129,7 +133,10 @@ def test_evidence_sql_reproduces_observed_and_invariants(loaded, names):
         assert ev["overlap_pct"] == pytest.approx(100 * (ev["comm_ns"] - ev["exposed_ns"]) / ev["comm_ns"], abs=0.01)
         assert ev["overlap_pct"] == pytest.approx(f.extra["overlap_pct"], abs=0.01)
         assert ev["exposed_share"] == pytest.approx(f.impact_share, abs=1e-4)
-        assert f.window_ns == con.execute("SELECT end_ns - start_ns FROM runs WHERE run_id = ?", [f.locality["run_id"]]).fetchone()[0]
+        assert (
+            f.window_ns
+            == con.execute("SELECT end_ns - start_ns FROM runs WHERE run_id = ?", [f.locality["run_id"]]).fetchone()[0]
+        )
         jsonschema.validate(f.as_dict(), schema)
 
 
@@ -167,7 +174,9 @@ def test_overlap_matches_an_independent_interval_computation(loaded, name):
     [g] = c001(con, memcpy_is_compute=True)[0]
     for finding, with_memcpy in ((f, False), (g, True)):
         assert finding.sql_params["memcpy_is_compute"] is with_memcpy
-        overlapped, total = _independent_overlap(con, finding.sql_params["run_id"], finding.sql_params["device"], with_memcpy)
+        overlapped, total = _independent_overlap(
+            con, finding.sql_params["run_id"], finding.sql_params["device"], with_memcpy
+        )
         assert 0 < overlapped < total, "these traces overlap some but not all comm"
         assert finding.extra["overlapped_ns"] == overlapped
         assert finding.observed.value == total - overlapped == evidence(con, finding)["exposed_ns"]
@@ -202,7 +211,9 @@ def test_sendrecv_collectives_are_named_from_their_annotation(loaded):
 
 def test_unaligned_ranks_are_not_matched(loaded):
     """Two sampled ranks whose n-th collectives do not overlap in time: no wait/transfer split is claimed."""
-    con = loaded(corpus("hta__trace_filter__sampled_rank-0.json.gz"), corpus("hta__trace_filter__sampled_rank-1.json.gz"))
+    con = loaded(
+        corpus("hta__trace_filter__sampled_rank-0.json.gz"), corpus("hta__trace_filter__sampled_rank-1.json.gz")
+    )
     findings, _ = c001(con)
     assert findings
     assert all("cross_rank" not in f.extra for f in findings)

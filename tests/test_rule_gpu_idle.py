@@ -7,8 +7,8 @@ import re
 
 import jsonschema
 import pytest
-
 import tracekit.rules.gpu_idle as gpu_idle  # registers G001 before RULE_MODULES lists it
+
 from tracekit.analysis import run_rules
 from tracekit.findings import SEVERITY_RANK, json_schema
 from tracekit.ingest import ingest
@@ -113,7 +113,9 @@ def test_cuda_graph_decode_is_quieter_and_keeps_the_id(eager, graph):
         assert "already" in g.hypothesis and "Capture the repeated loop body" not in g.next_experiment
 
 
-@pytest.mark.parametrize("names", [(EAGER,), (GRAPH,), TP, (MULTI_STREAM,), (LEGACY,)], ids=lambda n: n[0].split(".")[0])
+@pytest.mark.parametrize(
+    "names", [(EAGER,), (GRAPH,), TP, (MULTI_STREAM,), (LEGACY,)], ids=lambda n: n[0].split(".")[0]
+)
 def test_evidence_reproduces_observed_and_the_split_adds_up(loaded, names):
     con = loaded(*(sample(n) if n.startswith("gpu_") else corpus(n) for n in names))
     findings, _ = g001(con, **EVERYTHING)
@@ -239,7 +241,9 @@ def test_gaps_without_a_launch_record_are_a_caveat(loaded):
     assert ev["host_ns"] <= ev["idle_ns"]
 
 
-@pytest.mark.parametrize("name", ["cpu_two_threads.json.gz", "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz"])
+@pytest.mark.parametrize(
+    "name", ["cpu_two_threads.json.gz", "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz"]
+)
 def test_quiet_without_cuda_gpu_activity(loaded, name):
     con = load(loaded, name)
     findings, notes = g001(con, **EVERYTHING)

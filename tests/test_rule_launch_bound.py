@@ -6,8 +6,8 @@ import re
 
 import jsonschema
 import pytest
-
 import tracekit.rules.launch_bound as launch_bound  # registers G002 before RULE_MODULES lists it
+
 from tracekit.analysis import run_rules
 from tracekit.findings import json_schema
 from tracekit.ingest import ingest
@@ -21,7 +21,13 @@ TP = ("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")
 LEGACY = "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"  # ProfilerStep#N is an op, not an annotation
 NO_STEPS = "hta__cuda_event_sync_multi_stream__event_sync_trace.json.gz"  # no annotations at all
 # Thresholds off: every (step group, device) that launched something is reported.
-EVERYTHING = {"max_busy_share": 1.01, "min_short_share": 0.0, "min_short_idle_share": 0.0, "min_kernels": 1, "min_share": 0.0}
+EVERYTHING = {
+    "max_busy_share": 1.01,
+    "min_short_share": 0.0,
+    "min_short_idle_share": 0.0,
+    "min_kernels": 1,
+    "min_share": 0.0,
+}
 
 
 _RESULTS: dict = {}
@@ -176,9 +182,10 @@ def test_evidence_reproduces_observed_and_invariants(loaded, names):
         assert ev["launch_bound"] <= ev["shorter"] + ev["tiny_run"]
         assert ev["min_step_launches"] <= ev["launches"] / ev["steps"] <= ev["max_step_launches"]
         assert ev["first_ns"] == f.locality["window_ns"][0] and ev["last_ns"] == f.locality["window_ns"][1]
-        assert f.window_ns == con.execute(
-            "SELECT end_ns - start_ns FROM runs WHERE run_id = ?", [f.locality["run_id"]]
-        ).fetchone()[0]
+        assert (
+            f.window_ns
+            == con.execute("SELECT end_ns - start_ns FROM runs WHERE run_id = ?", [f.locality["run_id"]]).fetchone()[0]
+        )
         assert f.locality["op"] is None or not f.locality["op"].startswith("ProfilerStep#")
         jsonschema.validate(f.as_dict(), schema)
 
@@ -218,7 +225,9 @@ def test_thresholds_gate_the_finding(eager):
     assert same.observed.value == f.observed.value
 
 
-@pytest.mark.parametrize("name", ["cpu_two_threads.json.gz", "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz"])
+@pytest.mark.parametrize(
+    "name", ["cpu_two_threads.json.gz", "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz"]
+)
 def test_quiet_without_cuda_launches(loaded, name):
     findings, notes = g002(load(loaded, name), **EVERYTHING)
     assert findings == []

@@ -46,3 +46,29 @@ def test_rules_doc_is_generated_and_current():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     assert mod.OUT.read_text() == mod.render(), "docs/rules.md is stale: run `make docs`"
+
+
+def test_finding_id_ignores_timings_and_os_thread_ids():
+    from tracekit.findings import finding_id
+
+    a = finding_id(
+        "H001", {"thread_name": "thread 4830 (kv_transfer)", "op": "aten::item", "window_ns": [1, 2], "run_id": 1}
+    )
+    b = finding_id(
+        "H001", {"thread_name": "thread 977 (kv_transfer)", "op": "aten::item", "window_ns": [5, 9], "run_id": 3}
+    )
+    c = finding_id("H001", {"thread_name": "thread 977 (main)", "op": "aten::item"})
+    assert a == b != c
+    assert a.startswith("H001-") and len(a) == len("H001-") + 12
+
+
+def test_bool_and_int_params_coerce_from_cli_text():
+    from tracekit.rules_api import Param, Rule
+
+    r = Rule("X001", "x", "x", "x", (), {"flag": Param(False, ""), "n": Param(3, "")}, check=lambda *a: [])
+    assert r.resolve_params({"flag": "false", "n": "4"}) == {"flag": False, "n": 4}
+    assert r.resolve_params({"flag": "true"})["flag"] is True
+    with pytest.raises(ValueError):
+        r.resolve_params({"n": 0.5})
+    with pytest.raises(ValueError):
+        r.resolve_params({"flag": "maybe"})

@@ -64,7 +64,8 @@ def test_kernel_totals_equal_direct_sums(mixed):
         direct = {
             name: (n, total, mx)
             for name, n, total, mx in mixed.execute(
-                "SELECT name, count(*), sum(dur_ns), max(dur_ns) FROM kernels WHERE run_id = ? GROUP BY name", [run["run_id"]]
+                "SELECT name, count(*), sum(dur_ns), max(dur_ns) FROM kernels WHERE run_id = ? GROUP BY name",
+                [run["run_id"]],
             ).fetchall()
         }
         assert run["distinct"]["kernels"] == len(direct)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from .findings import Finding
 from .rules_api import DataQuality, Rule, all_rules, get_rule
 
-
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
@@ -45,8 +44,10 @@ class Context:
         ).fetchone()
         return row[0] if row else None
 
-    def code_path(self, event_id: int, limit: int = 6) -> list[str]:
+    def code_path(self, event_id: int | None, limit: int = 6) -> list[str]:
         """Python frames around an event, innermost first: the frames on its thread that contain it."""
+        if event_id is None:
+            return []
         rows = self.con.execute(
             """
             SELECT f.name FROM events e JOIN python_functions f
@@ -60,22 +61,49 @@ class Context:
         # and with it the finding id, is the same in every run
         return [_ADDRESS.sub("", r[0]) for r in rows]
 
-    def enclosing_op(self, event_id: int) -> tuple[int, str, str | None] | None:
-        """Nearest cpu_op ancestor: (event_id, name, input shapes)."""
-        row = self.con.execute(
-            """
-            WITH RECURSIVE up(event_id, parent_id, kind, name, hops) AS (
-                SELECT event_id, parent_id, kind, name, 0 FROM events WHERE event_id = ?
-                UNION ALL
-                SELECT e.event_id, e.parent_id, e.kind, e.name, up.hops + 1
-                FROM events e JOIN up ON e.event_id = up.parent_id WHERE up.hops < 64
-            )
-            SELECT up.event_id, up.name, c.input_dims FROM up LEFT JOIN cpu_ops c USING (event_id)
-            WHERE up.kind = 'cpu_op' AND up.hops > 0 ORDER BY up.hops LIMIT 1
-            """,
-            [event_id],
-        ).fetchone()
-        return tuple(row) if row else None
+    def ancestors(self, event_id: int, limit: int = 64) -> list[tuple[int, str, str]]:
+        """(event_id, kind, name) of the event's ancestors, nearest first, by rowid point lookups
+        (a recursive CTE would join the whole table once per level)."""
+        out = []
+        parent = self.con.execute("SELECT parent_id FROM event_rows WHERE rowid = ?", [event_id]).fetchone()
+        current = parent[0] if parent else None
+        while current is not None and len(out) < limit:
+            row = self.con.execute("SELECT kind, name, parent_id FROM event_rows WHERE rowid = ?", [current]).fetchone()
+            if row is None:
+                break
+            out.append((current, row[0], row[1]))
+            current = row[2]
+        return out
+
+    def enclosing_op(self, event_id: int, outermost: bool = False) -> tuple[int, str, str | None] | None:
+        """The nearest (or outermost) cpu_op above an event, as (event_id, name, input dims).
+        ProfilerStep#N, a cpu_op in old traces, is a step, not an op."""
+        ops = [(i, n) for i, k, n in self.ancestors(event_id) if k == "cpu_op" and not n.startswith("ProfilerStep#")]
+        if not ops:
+            return None
+        op_id, name = ops[-1] if outermost else ops[0]
+        dims = self.con.execute(
+            "SELECT CAST(coalesce(args->'Input Dims', args->'Input dims') AS VARCHAR) FROM event_rows WHERE rowid = ?",
+            [op_id],
+        ).fetchone()[0]
+        return op_id, name, dims
+
+
+def user_frame(code_path: list[str]) -> str:
+    """The innermost nn.Module and user frame of a code path (innermost first), e.g.
+    `nn.Module: Linear_3 in model.py(241): decode`; torch internals and builtins are skipped."""
+    module = next((f for f in code_path if f.startswith("nn.Module")), None)
+    user = next((f for f in code_path if not f.startswith(("torch/", "<built-in", "nn.Module", "<"))), None)
+    parts = [p for p in (module, user) if p]
+    return " in ".join(parts) if parts else (code_path[0] if code_path else "")
+
+
+def ms(ns) -> str:
+    return f"{(ns or 0) / 1e6:.2f} ms"
+
+
+def us(ns) -> str:
+    return f"{(ns or 0) / 1e3:.0f} us"
 
 
 def missing_inputs(con, rule: Rule) -> list[str]:

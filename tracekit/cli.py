@@ -75,7 +75,9 @@ def _ingest(con, traces, rank, labels):
 
 @cli.command()
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False), help="DuckDB file to create or add to.")
+@click.option(
+    "--db", "db_path", required=True, type=click.Path(dir_okay=False), help="DuckDB file to create or add to."
+)
 @click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
 @click.option("--label", "labels", multiple=True, help="Run label, once per trace (default: file name).")
 @click.option("-f", "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
@@ -90,7 +92,16 @@ def ingest(traces, db_path, rank, labels, fmt):
     con = _open_db(db_path)
     results = _ingest(con, traces, rank, labels)
     con.close()
-    cols = ["run_id", "source", "rank", "events_read", "events_ingested", "events_skipped", "skipped_reasons", "seconds"]
+    cols = [
+        "run_id",
+        "source",
+        "rank",
+        "events_read",
+        "events_ingested",
+        "events_skipped",
+        "skipped_reasons",
+        "seconds",
+    ]
     rows = [
         (
             r.run_id,
@@ -150,7 +161,9 @@ def _coerce(value: str):
 
 @cli.command()
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+@click.option(
+    "-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True
+)
 @click.option("--rules", "rule_keys", help="Comma-separated rule codes or names (default: all).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), help="Keep the database in this file.")
 @click.option("--fail-on", type=click.Choice(["info", "warning", "critical"]), help="Exit 1 on a finding this severe.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 
@@ -91,7 +92,11 @@ class Finding:
             "locality": {k: v for k, v in self.locality.items() if v is not None},
             "observed": self.observed.as_dict(),
             "expected": self.expected.as_dict(),
-            "impact": {"time_ns": int(self.impact_ns), "share_of_window": self.impact_share, "window_ns": self.window_ns},
+            "impact": {
+                "time_ns": int(self.impact_ns),
+                "share_of_window": self.impact_share,
+                "window_ns": self.window_ns,
+            },
             "evidence": {
                 "sql": self.sql.strip(),
                 "params": self.sql_params,
@@ -107,11 +112,15 @@ class Finding:
 
 # Locality keys that describe *where*, used for the stable id. Windows and step numbers move from run
 # to run; labels and run ids name the file, not the problem.
-_ID_KEYS = ("rank", "device", "stream", "thread_name", "kernel", "op", "input_shapes", "code_path", "launch")
+_ID_KEYS = ("rank", "device", "stream", "thread_name", "kernel", "op", "input_shapes", "code_path", "launch", "step")
+# Kineto names threads "thread 4830 (kv_transfer)": the OS thread id changes every run, the name does not.
+_OS_TID = re.compile(r"\bthread \d+\s*")
 
 
 def finding_id(rule: str, locality: dict) -> str:
     where = {k: locality[k] for k in _ID_KEYS if locality.get(k) is not None}
+    if "thread_name" in where:
+        where["thread_name"] = _OS_TID.sub("", str(where["thread_name"]))
     digest = hashlib.sha256(json.dumps([rule, where], sort_keys=True, default=str).encode()).hexdigest()
     return f"{rule}-{digest[:12]}"
 

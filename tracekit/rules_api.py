@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 RULE_MODULES = ("comm_overlap", "gpu_idle", "host_sync", "launch_bound")
 

@@ -28,8 +28,7 @@ def runs_section(con) -> list[dict]:
         """
     ).fetchall()
     keys = (
-        "run_id label source format rank world_size start_ns end_ns events_read events_ingested "
-        "events_skipped device"
+        "run_id label source format rank world_size start_ns end_ns events_read events_ingested events_skipped device"
     ).split()
     out = []
     for row in rows:

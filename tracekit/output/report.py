@@ -74,7 +74,14 @@ def to_markdown(report: dict) -> str:
             lines.append("- code path: " + " <- ".join(f"`{p}`" for p in loc["code_path"]))
         for c in f["caveats"]:
             lines.append(f"- caveat: {c}")
-        lines += ["", "```sql", f["evidence"]["sql"], "```", f"params: `{orjson.dumps(f['evidence']['params']).decode()}`", ""]
+        lines += [
+            "",
+            "```sql",
+            f["evidence"]["sql"],
+            "```",
+            f"params: `{orjson.dumps(f['evidence']['params']).decode()}`",
+            "",
+        ]
     if report["data_quality"]:
         lines += ["## Data quality", ""] + [f"- {d['rule']}: {d['message']}" for d in report["data_quality"]]
     lines += ["", _summary_markdown(report.get("summary") or {})]
@@ -86,7 +93,12 @@ def _summary_markdown(summary: dict) -> str:
     for run in summary.get("runs", []):
         kernels = run.get("top_kernels") or []
         if kernels:
-            out += [f"## Top kernels: {run.get('label', run.get('run_id'))}", "", "| kernel | count | total | mean |", "|---|---|---|---|"]
+            out += [
+                f"## Top kernels: {run.get('label', run.get('run_id'))}",
+                "",
+                "| kernel | count | total | mean |",
+                "|---|---|---|---|",
+            ]
             for k in kernels:
                 out.append(f"| {k['name'][:90]} | {k['count']} | {_ms(k['total_ns'])} | {k['mean_ns'] / 1e3:.1f} us |")
             out.append("")
