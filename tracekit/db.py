@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+
 from . import __version__
 from .schema import SCHEMA_VERSION, TABLES_DDL, VIEWS_DDL
 
@@ -10,9 +13,20 @@ def connect(path: str | None = None, read_only: bool = False):
     import duckdb  # imported here so that `tracekit --help` stays fast
 
     con = duckdb.connect(path or ":memory:", read_only=read_only)
+    if path is None:
+        # an in-memory database spills to disk past its memory limit; keep that out of the cwd
+        con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), f"tracekit-duckdb-{os.getpid()}")])
     if not read_only:
         ensure_schema(con)
     return con
+
+
+def bound_memory(con, input_bytes: int) -> None:
+    """Cap DuckDB's memory near the size of the raw JSON being analysed (at least 1 GiB), so a large
+    trace costs about its own size in RAM and the rest spills to disk. TRACEKIT_MEMORY_LIMIT
+    (e.g. "8GB") overrides."""
+    limit = os.environ.get("TRACEKIT_MEMORY_LIMIT") or f"{max(1 << 30, input_bytes) >> 20}MB"
+    con.execute("SET memory_limit = ?", [limit])
 
 
 def ensure_schema(con) -> None:
@@ -30,3 +44,8 @@ def next_run_id(con) -> int:
 
 def has_rows(con, relation: str, where: str = "TRUE") -> bool:
     return con.execute(f"SELECT EXISTS (SELECT 1 FROM {relation} WHERE {where})").fetchone()[0]
+
+
+def current_memory_hint(con) -> int:
+    """Raw bytes already ingested into this database (for the memory cap of a further ingest)."""
+    return con.execute("SELECT coalesce(sum(bytes_read), 0) FROM ingest_log").fetchone()[0]

@@ -44,6 +44,7 @@ def ingest(
     from tracekit.parsers.json_slice import stage
 
     paths = [Path(p) for p in paths]
+    dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
     results = []
     # zlib and copy_file_range release the GIL: the next file is staged on the other core.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -100,6 +101,20 @@ def ingest(
             finally:
                 staged.cleanup()
     return results
+
+
+def raw_size(path: Path) -> int:
+    """Uncompressed size of a trace: a gzip member's trailer holds it (mod 4 GiB)."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b":
+                return size
+            f.seek(-4, 2)
+            isize = int.from_bytes(f.read(4), "little")
+        return isize if isize >= size else isize + (1 << 32)
+    except OSError:
+        return 0  # a missing file is reported by staging, with its name
 
 
 def _insert_run(con, run_id: int, run: dict) -> None:

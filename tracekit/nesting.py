@@ -16,6 +16,8 @@ WITH x AS (
     SELECT rowid AS id, hash(pid, tid, track, kind = 'python_function') AS track_key, ts_ns AS ts, ts_ns + dur_ns AS te, dur_ns
     FROM event_rows
     WHERE run_id = $run_id AND ph = 'X' AND dur_ns IS NOT NULL AND kind <> 'profiler_span'
+      -- GPU work only nests under gpu_user_annotation ranges; without any, its tracks are flat
+      AND (kind NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset') OR $gpu_ranges)
 ), points AS (
     SELECT track_key, id, ts AS t, 1 AS typ, -dur_ns AS k2 FROM x
     UNION ALL
@@ -36,11 +38,15 @@ FROM starts c ASOF LEFT JOIN starts p
 
 
 def compute_nesting(con, run_id: int) -> None:
-    con.execute(NESTING_SQL, {"run_id": run_id})
+    """Sets parent_id/depth of nested events; roots keep NULL, which the events view shows as depth 0."""
+    gpu_ranges = con.execute(
+        "SELECT EXISTS (SELECT 1 FROM event_rows WHERE run_id = ? AND kind = 'gpu_user_annotation')", [run_id]
+    ).fetchone()[0]
+    con.execute(NESTING_SQL, {"run_id": run_id, "gpu_ranges": gpu_ranges})
     con.execute(
         """
         UPDATE event_rows SET parent_id = n.parent_id, depth = n.depth
-        FROM _nesting n WHERE event_rows.rowid = n.id
+        FROM _nesting n WHERE event_rows.rowid = n.id AND n.depth > 0
         """
     )
     con.execute("DROP TABLE _nesting")

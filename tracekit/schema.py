@@ -104,7 +104,8 @@ CREATE TABLE IF NOT EXISTS event_rows (
 VIEWS_DDL = """
 CREATE OR REPLACE VIEW events AS
 SELECT rowid AS event_id, run_id, kind, ph, cat, name, ts_ns, dur_ns, ts_ns + coalesce(dur_ns, 0) AS end_ns,
-       pid, tid, track, device, stream, correlation, external_id, flow_id, parent_id, depth, args, extra
+       pid, tid, track, device, stream, correlation, external_id, flow_id, parent_id,
+       CASE WHEN ph = 'X' THEN coalesce(depth, 0) END AS depth, args, extra
 FROM event_rows;
 
 CREATE OR REPLACE VIEW kernels AS
