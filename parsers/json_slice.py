@@ -22,7 +22,7 @@ import orjson
 from tracekit.errors import InputError
 
 CHUNK = 4 << 20
-PART_TARGET = 48 << 20
+PART_TARGET = 4 << 20
 TAIL_KEEP = 1 << 20  # metadata after the array (traceName, INFO, distributedInfo...) is small
 KEY = b'"traceEvents"'
 WS = b" \t\r\n"

@@ -12,6 +12,7 @@ sample of its text, and a double-typed load that turns out to have lost fraction
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -39,10 +40,8 @@ EVENT_COLUMNS = {
     "s": "VARCHAR",
     "args": "JSON",
 }
-SPEC_EXTRA_KEYS = ("id2", "scope", "cname", "tts", "tdur", "bind_id", "flow_in", "flow_out")
 
 FLOW_CATEGORIES = ("ac2g", "async_cpu_to_gpu", "async", "fwdbwd")
-RUNTIME_KINDS = ("cuda_runtime", "cuda_driver", "mtia_runtime")
 
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
@@ -81,41 +80,58 @@ def _skip_reason_expr() -> str:
     END"""
 
 
-def _extra_keys(con, array_path: Path) -> list[str]:
-    """Top-level event keys outside the known set, from DuckDB's schema sample of the array."""
-    try:
-        rows = con.execute(
-            "DESCRIBE SELECT * FROM read_json(?, format='array', maximum_depth=1, sample_size=20480)",
-            [str(array_path)],
-        ).fetchall()
-    except Exception:  # the real read reports malformed input with a position
-        return []
-    known = set(EVENT_COLUMNS)
-    return [r[0] for r in rows if r[0] not in known]
+EXTRA_KEY_SAMPLE = 1 << 20  # bytes of the first part whose events are checked for unknown keys
 
 
-def load(con, staged: Staged, run_id: int) -> dict:
+def _extra_keys(array_path: Path) -> list[str]:
+    """Top-level event keys outside the known set, from the events in the first MiB of the array
+    (a DuckDB schema sniff costs ~0.25 s even on small files)."""
+    with open(array_path, "rb") as f:
+        text = f.read(EXTRA_KEY_SAMPLE).decode("utf-8", "ignore")
+    decoder = json.JSONDecoder()
+    pos = text.find("[") + 1
+    keys: set[str] = set()
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] != "{":
+            break
+        try:
+            event, pos = decoder.raw_decode(text, pos)
+        except ValueError:  # cut off at the sample's end, or malformed (reported by the real read)
+            break
+        keys.update(event)
+    return sorted(k for k in keys - set(EVENT_COLUMNS))
+
+
+class Reload(Exception):
+    """The file must be read again, inside a fresh transaction, with these load options."""
+
+    def __init__(self, **options):
+        super().__init__(options)
+        self.options = options
+
+
+def load(con, staged: Staged, run_id: int, ignore_errors: bool = False, exact: bool | None = None) -> dict:
     """Insert one staged trace as run `run_id`; returns counts for the ingest log.
 
-    Malformed JSON is fatal (with its position). Well-formed elements that are not objects (a
-    number, a string) are read again with ignore_errors, which turns them into empty rows that
-    are then counted as skipped.
+    Malformed JSON is fatal (with its position). Raises Reload when a second read is needed: for
+    well-formed elements that are not objects (a number, a string), which ignore_errors turns into
+    empty rows counted as skipped; and for a double-typed read that lost timestamp fractions.
+    A failed statement aborts the caller's transaction, hence the retry there, not here.
     """
-    exact = _needs_exact_ts(staged.parts[0])
-    ignore_errors = False
-    while True:
-        try:
-            counts = _load(con, staged, run_id, ignore_errors, exact)
-        except InputError as e:
-            if "transform error" not in str(e).lower() or ignore_errors:
-                raise
-            ignore_errors = True
-        else:
-            if exact or not _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
-                counts["notes"]["ts_type"] = "DECIMAL(38,3)" if exact else "DOUBLE"
-                return counts
-            exact = True
-        con.execute("DELETE FROM event_rows WHERE run_id = ?", [run_id])
+    if exact is None:
+        exact = _needs_exact_ts(staged.parts[0])
+    try:
+        counts = _load(con, staged, run_id, ignore_errors, exact)
+    except InputError as e:
+        if "transform error" in str(e).lower() and not ignore_errors:
+            raise Reload(ignore_errors=True, exact=exact) from None
+        raise
+    if not exact and _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
+        raise Reload(ignore_errors=ignore_errors, exact=True)
+    counts["notes"]["ts_type"] = "DECIMAL(38,3)" if exact else "DOUBLE"
+    return counts
 
 
 TS_SAMPLE = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')
@@ -149,8 +165,11 @@ def _ts_ns_expr(exact: bool) -> str:
     )
 
 
+RAW_TABLE = "_tracekit_raw_events"
+
+
 def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool) -> dict:
-    extra = _extra_keys(con, staged.parts[0])
+    extra = _extra_keys(staged.parts[0])
     columns = dict(EVENT_COLUMNS)
     if exact:
         columns["ts"] = "DECIMAL(38,3)"
@@ -160,21 +179,15 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool) ->
     extra_sql = "json_object(" + ", ".join(f'{_sql_str(k)}, "{k}"' for k in extra) + ")" if extra else "NULL::JSON"
     base_ns = _base_time_ns(staged.metadata)
     device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
-    runtime_kinds = ", ".join(_sql_str(k) for k in RUNTIME_KINDS)
     ignore_errors = "true" if ignore_errors else "false"
     sql = f"""
     INSERT INTO event_rows
     WITH raw AS (
         SELECT *, {_kind_expr()} AS kind0, {_skip_reason_expr()} AS skip_reason,
                TRY_CAST(pid AS BIGINT) AS pid_n,
-               coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT)) AS tid_n
-        FROM read_json(?, format='array', columns={columns_sql}, ignore_errors={ignore_errors})
-    ), keyed AS (
-        SELECT *,
-               CASE WHEN kind0 IN ({device_kinds}) OR kind0 IN ({runtime_kinds})
-                    THEN json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"'])
-               END AS a
-        FROM raw
+               coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT)) AS tid_n,
+               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
+        FROM {RAW_TABLE}
     )
     SELECT {run_id},
            CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,
@@ -187,19 +200,27 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool) ->
            CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
            CASE WHEN kind0 = 'flow' AND lower(cat) IN ('ac2g', 'async_cpu_to_gpu', 'async') THEN TRY_CAST(id AS BIGINT)
                 ELSE TRY_CAST(a[3] AS BIGINT) END,
-           TRY_CAST(coalesce(a[4], a[5], CASE WHEN kind0 NOT IN ({device_kinds}) AND kind0 NOT IN ({runtime_kinds})
-                                               THEN coalesce(args->>'External id', args->>'external id') END) AS BIGINT),
+           TRY_CAST(coalesce(a[4], a[5]) AS BIGINT),
            CASE WHEN kind0 = 'flow' THEN id END,
            args,
            {extra_sql},
            NULL, NULL
-    FROM keyed
+    FROM raw
     """
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
+    # Two steps: the parts are parsed in parallel into a plain table first. Deriving the columns in the
+    # same statement as the parse made DuckDB 2.0.1 append whole parts out of order (event_id would
+    # then differ between two ingests of one file); a table scan keeps its order.
     try:
-        con.execute(sql, [[str(p) for p in staged.parts]])
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT * FROM read_json(?, format='array', "
+            f"columns={columns_sql}, ignore_errors={ignore_errors})",
+            [[str(p) for p in staged.parts]],
+        )
     except Exception as e:  # duckdb.Error subclasses; message carries the byte position
         raise _input_error(staged, e) from None
+    con.execute(sql)
+    con.execute(f"DROP TABLE {RAW_TABLE}")
     after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     skipped = dict(
         con.execute(

@@ -69,21 +69,8 @@ WITH win AS (
     SELECT g.event_id, g.kind, g.name, g.device, g.stream, g.ts_ns, g.end_ns
     FROM gpu_activities g, win
     WHERE g.run_id = $run_id AND g.ts_ns >= win.start_ns AND g.end_ns <= win.end_ns
-), dev AS (
-    SELECT device, ts_ns, end_ns,
-           max(end_ns) OVER (PARTITION BY device ORDER BY ts_ns, end_ns
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM act
-), islands AS (
-    SELECT device, ts_ns, end_ns,
-           sum(CASE WHEN prev_end IS NULL OR ts_ns > prev_end THEN 1 ELSE 0 END)
-               OVER (PARTITION BY device ORDER BY ts_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island
-    FROM dev
-), merged AS (
-    SELECT device, min(ts_ns) AS s, max(end_ns) AS e FROM islands GROUP BY device, island
 ), busy AS (
-    SELECT device, s, e, sum(e - s) OVER (PARTITION BY device ORDER BY s ROWS UNBOUNDED PRECEDING) AS cum_end
-    FROM merged
+    SELECT device, start_ns AS s, end_ns AS e, busy_through_ns AS cum_end FROM gpu_busy WHERE run_id = $run_id
 ), seq AS (
     SELECT a.*,
            max(a.end_ns) OVER (PARTITION BY a.device, a.stream ORDER BY a.ts_ns, a.event_id

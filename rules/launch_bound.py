@@ -91,22 +91,9 @@ WITH launch AS (
     SELECT c.* FROM candidates c, pick WHERE c.whole = pick.use_whole
 ), act AS (
     SELECT device, stream, event_id, kind, ts_ns, end_ns, dur_ns FROM gpu_activities WHERE run_id = $run_id
-), dev AS (
-    SELECT device, ts_ns, end_ns,
-           max(end_ns) OVER (PARTITION BY device ORDER BY ts_ns, end_ns
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-    FROM act
-), islands AS (
-    SELECT device, ts_ns, end_ns,
-           sum(CASE WHEN prev_end IS NULL OR ts_ns > prev_end THEN 1 ELSE 0 END)
-               OVER (PARTITION BY device ORDER BY ts_ns, end_ns ROWS UNBOUNDED PRECEDING) AS island
-    FROM dev
-), merged AS (
-    SELECT device, min(ts_ns) AS s, max(end_ns) AS e FROM islands GROUP BY device, island
 ), gapped AS (
-    SELECT device, s, e, sum(e - s) OVER (PARTITION BY device ORDER BY s ROWS UNBOUNDED PRECEDING) AS cum_end,
-           lead(s) OVER (PARTITION BY device ORDER BY s) - e AS next_gap
-    FROM merged
+    SELECT device, start_ns AS s, end_ns AS e, busy_through_ns AS cum_end, next_gap_ns AS next_gap
+    FROM gpu_busy WHERE run_id = $run_id
 ), busy AS (
     SELECT *, coalesce(sum(CASE WHEN next_gap <= $short_gap_ns THEN next_gap ELSE 0 END)
                            OVER (PARTITION BY device ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)

@@ -163,3 +163,17 @@ def test_help_is_fast_and_does_not_import_duckdb():
     code = "import sys, tracekit.cli; sys.exit('duckdb' in sys.modules or 'rich' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     assert run("--help", check_rc=0).stdout.startswith("Usage: tracekit")
+
+
+def test_a_failing_file_leaves_nothing_behind(tmp_path):
+    dbf = tmp_path / "a.duckdb"
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2, "name": "x", "pid": 1, "tid": 1}, {"ph": ]}')
+    proc = run("ingest", sample("cpu_two_threads.json.gz"), bad, "--db", dbf)
+    assert_one_line_error(proc, str(bad))
+    rows = json.loads(
+        run("sql", dbf, "SELECT run_id, count(*) AS n FROM events GROUP BY 1", "-f", "json", check_rc=0).stdout
+    )
+    assert [r["run_id"] for r in rows] == [1]
+    runs = json.loads(run("sql", dbf, "SELECT count(*) AS n FROM runs", "-f", "json", check_rc=0).stdout)
+    assert runs[0]["n"] == 1

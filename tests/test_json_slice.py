@@ -15,7 +15,7 @@ from tracekit.ingest import ingest
 
 def fingerprint(con):
     return con.execute(
-        "SELECT count(*), sum(hash(name, ts_ns, dur_ns, kind, args)), count(DISTINCT parent_id) FROM events"
+        "SELECT count(*), sum(hash(event_id, name, ts_ns, dur_ns, kind, args)), sum(hash(event_id, parent_id)) FROM events"
     ).fetchone()
 
 
@@ -84,3 +84,23 @@ def test_array_form_truncated_is_an_input_error(tmp_path):
     trace.write_text('[{"ph": "X", "ts": 1, "dur": 1}, {"ph": "X", "ts": 2')
     with pytest.raises(InputError, match="a.json"):
         ingest_fresh([trace])
+
+
+def test_unknown_event_keys_are_kept_in_extra(tmp_path):
+    trace = tmp_path / "x.json"
+    trace.write_text(
+        '{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2, "name": "a", "pid": 1, "tid": 1, '
+        '"cname": "good", "my_key": {"k": [1, 2]}}]}'
+    )
+    con = ingest_fresh([trace])
+    extra, notes = con.execute("SELECT e.extra, l.notes FROM events e, ingest_log l").fetchone()
+    assert '"my_key":{"k":[1,2]}' in extra.replace(" ", "") and '"cname":"good"' in extra.replace(" ", "")
+    assert "my_key" in notes
+
+
+def test_event_ids_follow_file_order_whatever_the_parts(monkeypatch):
+    path = sample("gpu_prefill_decode_eager.json.gz")
+    whole = fingerprint(ingest_fresh([path]))
+    monkeypatch.setattr(json_slice, "PART_TARGET", 1 << 20)
+    # parts are parsed in parallel; event_id (and so every parent_id) must not depend on which finished first
+    assert {fingerprint(ingest_fresh([path])) for _ in range(4)} == {whole}

@@ -11,7 +11,6 @@ from pathlib import Path
 import orjson
 
 from . import db as dbmod
-from .errors import InputError
 from .nesting import compute_nesting
 
 
@@ -53,54 +52,102 @@ def ingest(
             started = time.perf_counter()
             staged = pending.result()
             pending = pool.submit(stage, paths[i + 1], tmpdir) if i + 1 < len(paths) else None
+            label = labels[i] if labels and i < len(labels) else None
+            if progress:
+                progress(f"loading {path.name}")
+            options: dict = {}
             try:
-                if progress:
-                    progress(f"loading {path.name}")
-                run_id = dbmod.next_run_id(con)
-                label = labels[i] if labels and i < len(labels) else None
-                run = kineto.describe_run(staged, rank, label)
-                counts = kineto.load(con, staged, run_id)
-                kineto.fill_entities(con, run_id)
-                compute_nesting(con, run_id)
-                _insert_run(con, run_id, run)
-                seconds = time.perf_counter() - started
-                ingested = counts["events_read"] - counts["events_skipped"]
-                con.execute(
-                    "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [
-                        run_id,
-                        str(path),
-                        kineto.FORMAT,
-                        staged.bytes_read,
-                        counts["events_read"],
-                        ingested,
-                        counts["events_skipped"],
-                        orjson.dumps(counts["skipped_reasons"]).decode(),
-                        orjson.dumps(counts["notes"]).decode(),
-                        seconds,
-                    ],
-                )
-                results.append(
-                    IngestResult(
-                        run_id,
-                        str(path),
-                        kineto.FORMAT,
-                        staged.bytes_read,
-                        counts["events_read"],
-                        ingested,
-                        counts["events_skipped"],
-                        counts["skipped_reasons"],
-                        seconds,
-                        run["rank"],
-                    )
-                )
-            except InputError:
-                if pending is not None:
-                    pending.cancel()
+                while True:
+                    # the events of a file land in one transaction, so a file that fails leaves nothing
+                    # behind; what is derived from them waits for the commit, because uncommitted rows
+                    # carry temporary rowids and parent_id refers to rowids
+                    con.execute("BEGIN TRANSACTION")
+                    try:
+                        run_id, run, counts = _load_events(con, staged, rank, label, options)
+                    except kineto.Reload as again:
+                        con.execute("ROLLBACK")
+                        options = again.options
+                        continue
+                    except BaseException:
+                        con.execute("ROLLBACK")
+                        raise
+                    con.execute("COMMIT")
+                    results.append(_derive(con, staged, run_id, run, counts, started))
+                    break
+            except BaseException:
+                _discard(pending)
                 raise
             finally:
                 staged.cleanup()
     return results
+
+
+def _discard(pending) -> None:
+    """Remove the temp files of a file staged ahead whose turn will not come."""
+    if pending is None or pending.cancel():
+        return
+    try:
+        pending.result().cleanup()
+    except Exception:  # its own error does not matter once another file failed
+        pass
+
+
+def _load_events(con, staged, rank: int | None, label: str | None, options: dict) -> tuple[int, dict, dict]:
+    from tracekit.parsers import kineto
+
+    run_id = dbmod.next_run_id(con)
+    run = kineto.describe_run(staged, rank, label)
+    return run_id, run, kineto.load(con, staged, run_id, **options)
+
+
+def _derive(con, staged, run_id: int, run: dict, counts: dict, started: float) -> IngestResult:
+    """Entities, nesting, the runs row and the ingest log of a loaded run, in one transaction."""
+    from tracekit.parsers import kineto
+
+    con.execute("BEGIN TRANSACTION")
+    try:
+        kineto.fill_entities(con, run_id)
+        compute_nesting(con, run_id)
+        _insert_run(con, run_id, run)
+        result = _log(con, staged, run_id, run, counts, started)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return result
+
+
+def _log(con, staged, run_id: int, run: dict, counts: dict, started: float) -> IngestResult:
+    from tracekit.parsers import kineto
+
+    result = IngestResult(
+        run_id=run_id,
+        source=str(staged.source),
+        format=kineto.FORMAT,
+        bytes_read=staged.bytes_read,
+        events_read=counts["events_read"],
+        events_ingested=counts["events_read"] - counts["events_skipped"],
+        events_skipped=counts["events_skipped"],
+        skipped_reasons=counts["skipped_reasons"],
+        seconds=time.perf_counter() - started,
+        rank=run["rank"],
+    )
+    con.execute(
+        "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [
+            run_id,
+            result.source,
+            result.format,
+            result.bytes_read,
+            result.events_read,
+            result.events_ingested,
+            result.events_skipped,
+            orjson.dumps(result.skipped_reasons).decode(),
+            orjson.dumps(counts["notes"]).decode(),
+            result.seconds,
+        ],
+    )
+    return result
 
 
 def raw_size(path: Path) -> int:

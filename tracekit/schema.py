@@ -127,6 +127,31 @@ SELECT event_id, run_id, kind, name, ts_ns, dur_ns, end_ns, device, stream, corr
        TRY_CAST(coalesce(args->>'bytes', args->>'Bytes') AS BIGINT) AS bytes, args
 FROM events WHERE kind IN ('kernel', 'gpu_memcpy', 'gpu_memset') AND dur_ns IS NOT NULL;
 
+-- Union of GPU activity intervals per (run, device): when the device was busy at all. Blocks are
+-- disjoint and ordered, so busy time before any t is busy_before_ns of the block at t plus the part
+-- of it before t: rules read utilisation, gaps and overlaps off this without range joins.
+CREATE OR REPLACE VIEW gpu_busy AS
+WITH marked AS (
+    SELECT run_id, device, ts_ns, end_ns,
+           CASE WHEN ts_ns <= max(end_ns) OVER (PARTITION BY run_id, device ORDER BY ts_ns, end_ns
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                THEN 0 ELSE 1 END AS starts_block
+    FROM gpu_activities
+), blocks AS (
+    SELECT run_id, device, ts_ns, end_ns,
+           sum(starts_block) OVER (PARTITION BY run_id, device ORDER BY ts_ns, end_ns ROWS UNBOUNDED PRECEDING) AS block
+    FROM marked
+), merged AS (
+    SELECT run_id, device, min(ts_ns) AS start_ns, max(end_ns) AS end_ns, count(*) AS activities
+    FROM blocks GROUP BY run_id, device, block
+)
+SELECT run_id, device, start_ns, end_ns, end_ns - start_ns AS dur_ns, activities,
+       sum(end_ns - start_ns) OVER w - (end_ns - start_ns) AS busy_before_ns,
+       sum(end_ns - start_ns) OVER w AS busy_through_ns,
+       lead(start_ns) OVER (PARTITION BY run_id, device ORDER BY start_ns) - end_ns AS next_gap_ns
+FROM merged
+WINDOW w AS (PARTITION BY run_id, device ORDER BY start_ns ROWS UNBOUNDED PRECEDING);
+
 CREATE OR REPLACE VIEW cpu_ops AS
 SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, pid, tid, external_id, parent_id, depth,
        CAST(coalesce(args->'Input Dims', args->'Input dims') AS VARCHAR) AS input_dims,
@@ -178,6 +203,7 @@ PUBLIC_VIEWS = (
     "events",
     "kernels",
     "gpu_activities",
+    "gpu_busy",
     "cpu_ops",
     "runtime_calls",
     "launches",

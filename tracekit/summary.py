@@ -14,23 +14,9 @@ from .schema import DEVICE_KINDS
 # Host-side kinds whose top-level (depth 0) events make up a thread's CPU time.
 _NOT_THREAD_TIME = ("profiler_span", "overhead")
 
-# Union of GPU activity intervals per (run, device): running max of end, a new block where a start passes it.
 GPU_BUSY_SQL = """
-WITH marked AS (
-    SELECT run_id, device, ts_ns, end_ns,
-           CASE WHEN ts_ns <= max(end_ns) OVER (PARTITION BY run_id, device ORDER BY ts_ns, end_ns
-                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                THEN 0 ELSE 1 END AS starts_block
-    FROM gpu_activities WHERE dur_ns > 0
-), blocks AS (
-    SELECT run_id, device, ts_ns, end_ns,
-           sum(starts_block) OVER (PARTITION BY run_id, device ORDER BY ts_ns, end_ns ROWS UNBOUNDED PRECEDING) AS block
-    FROM marked
-), merged AS (
-    SELECT run_id, device, max(end_ns) - min(ts_ns) AS busy_ns FROM blocks GROUP BY run_id, device, block
-)
-SELECT run_id, device, CAST(sum(busy_ns) AS BIGINT) AS busy_ns, count(*) AS busy_blocks
-FROM merged GROUP BY run_id, device ORDER BY run_id, device
+SELECT run_id, device, CAST(sum(dur_ns) AS BIGINT) AS busy_ns, count(*) AS busy_blocks
+FROM gpu_busy GROUP BY run_id, device ORDER BY run_id, device
 """
 
 GPU_SUMS_SQL = """
