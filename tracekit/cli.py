@@ -40,15 +40,26 @@ def cli():
     """
 
 
-def _progress():
-    """A status line on stderr while ingesting, only when stderr is a terminal."""
+def _progress(total: int):
+    """A progress bar on stderr while ingesting (files done of total), only when stderr is a terminal."""
     if not sys.stderr.isatty():
         return None, None
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    status = Console(stderr=True).status("ingesting")
-    status.start()
-    return status, lambda msg: status.update(msg)
+    bar = Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        console=Console(stderr=True), transient=True,
+    )  # fmt: skip
+    task = bar.add_task("ingesting", total=total)
+    bar.start()
+    done = {"n": -1}
+
+    def update(message: str) -> None:
+        done["n"] += 1  # a message announces the next file, so the previous one is done
+        bar.update(task, description=message, completed=done["n"])
+
+    return bar, update
 
 
 def _open_db(path: str | None, must_exist: bool = False):
@@ -65,12 +76,12 @@ def _open_db(path: str | None, must_exist: bool = False):
 def _ingest(con, traces, rank, labels):
     from .ingest import ingest
 
-    status, progress = _progress()
+    bar, progress = _progress(len(traces))
     try:
         return ingest(con, list(traces), rank=rank, labels=list(labels) or None, progress=progress)
     finally:
-        if status:
-            status.stop()
+        if bar:
+            bar.stop()
 
 
 @cli.command()
