@@ -185,3 +185,10 @@ def test_database_file_round_trip(tmp_path):
     again = db.connect(str(path), read_only=True)
     assert again.execute("SELECT count(*) FROM events").fetchone()[0] == n
     assert again.execute("SELECT value FROM tracekit_meta WHERE key = 'schema_version'").fetchone()[0]
+
+
+def test_corpus_is_present_in_ci():
+    import os
+
+    if os.environ.get("CI"):
+        assert len(KINETO_FILES) >= 19, f"expected the Kineto corpus at {CORPUS}"
