@@ -36,6 +36,9 @@ Device 0 stream 7 idle 95% of its 207 ms active window (197 ms in 3101 gaps, med
 it host-caused, in a greedy decode loop run eagerly: every kernel runs ~3 us but takes ~65 us of
 host time to issue. Capturing the decode step in a CUDA graph cut the stream's idle share to 47%.
 
+One finding per device: streams of a device see the same device idle, so the finding is on the
+busiest stream over the thresholds, and the others are listed in `evidence.details.other_idle_streams`.
+
 ## Options
 - `min_idle_share` (0.2): report streams whose exposed idle time is at least this share of the
   stream's active window.
@@ -196,12 +199,15 @@ def check(con, params, ctx):
         if not rows:
             continue
         graph_launches = con.execute(GRAPH_LAUNCHES_SQL, {"run_id": run.run_id}).fetchone()[0]
-        for r in rows:
+        reported = [r for r in rows if _over_threshold(r, params)]
+        # Exposed idle is device idle seen from a stream: streams of one device mostly report the same
+        # idle time. One finding per device, on its busiest stream (the one whose next launch ends the
+        # idle most often); the other streams go into the finding's details.
+        for r in reported:
+            same_device = [o for o in reported if o["device"] == r["device"]]
+            if r is not max(same_device, key=lambda o: (o["activities"], -o["stream"])):
+                continue
             active = int(r["last_ns"] - r["first_ns"])
-            if active <= 0 or not r["idle_ns"]:
-                continue
-            if r["exposed_ns"] / active < params["min_idle_share"] or r["exposed_ns"] < params["min_idle_ns"]:
-                continue
             s = {
                 "idle": int(r["idle_ns"]), "host": int(r["host_ns"]), "other_gpu": int(r["other_gpu_ns"]),
                 "kernel_wait": int(r["kernel_wait_ns"]), "other": int(r["other_ns"]), "exposed": int(r["exposed_ns"]),
@@ -210,7 +216,8 @@ def check(con, params, ctx):
                 "first": int(r["first_ns"]), "last": int(r["last_ns"]), "active": active,
                 "activities": int(r["activities"]),
             }  # fmt: skip
-            yield _finding(con, ctx, run, params, r["device"], r["stream"], graph_launches, s)
+            others = [_stream_brief(o) for o in same_device if o is not r]
+            yield _finding(con, ctx, run, params, r["device"], r["stream"], graph_launches, s, others)
         if not con.execute("SELECT EXISTS (SELECT 1 FROM launches WHERE run_id = ?)", [run.run_id]).fetchone()[0]:
             yield DataQuality(
                 "G001",
@@ -220,7 +227,24 @@ def check(con, params, ctx):
             )
 
 
-def _finding(con, ctx, run, params, device, stream, graph_launches, s):
+def _over_threshold(r: dict, params: dict) -> bool:
+    active = int(r["last_ns"] - r["first_ns"])
+    if active <= 0 or not r["idle_ns"]:
+        return False
+    return r["exposed_ns"] / active >= params["min_idle_share"] and r["exposed_ns"] >= params["min_idle_ns"]
+
+
+def _stream_brief(r: dict) -> dict:
+    return {
+        "stream": int(r["stream"]),
+        "activities": int(r["activities"]),
+        "idle_ns": int(r["idle_ns"]),
+        "exposed_idle_ns": int(r["exposed_ns"]),
+        "host_ns": int(r["host_ns"]),
+    }
+
+
+def _finding(con, ctx, run, params, device, stream, graph_launches, s, others):
     where = {"device": device, "stream": stream}
     top = con.execute(TOP_GAPS_SQL, {**where, "top": params["top_gaps"]}).fetchall()
     sites = con.execute(HOST_SITES_SQL, where).fetchall()
@@ -409,6 +433,7 @@ def _finding(con, ctx, run, params, device, stream, graph_launches, s):
             "graph_launches": int(graph_launches),
             "largest_gaps": largest,
             "host_gap_sites": host_sites,
+            "other_idle_streams": others,
             "hta_equivalent": "get_idle_time_breakdown: host_wait = host, kernel_wait = kernel_wait, "
             "other = other_gpu + other",
         },

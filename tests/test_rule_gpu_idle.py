@@ -269,3 +269,20 @@ def test_two_runs_in_one_database_are_analysed_apart(loaded):
         mine = [f for f in found if f.locality["rank"] == rank]
         assert [f.id for f in mine] == [f.id for f in alone]
         assert [f.observed.value for f in mine] == [f.observed.value for f in alone]
+
+
+def test_one_finding_per_device_with_the_other_streams_in_details(loaded):
+    con = loaded(corpus("hta__negative_queue_length_values_check__rank0.json.gz"))
+    found, _ = g001(con)
+    devices = [(f.locality["run_id"], f.locality["device"]) for f in found]
+    assert devices and len(devices) == len(set(devices))
+    (f,) = found
+    others = f.extra["other_idle_streams"]
+    assert others, "several streams of this A100 trace idle together"
+    # the finding sits on the busiest stream; the others had fewer activities
+    mine = con.execute(
+        "SELECT count(*) FROM gpu_activities WHERE device = ? AND stream = ?",
+        [f.locality["device"], f.locality["stream"]],
+    ).fetchone()[0]
+    assert all(o["activities"] <= mine for o in others)
+    assert f.locality["stream"] not in {o["stream"] for o in others}
