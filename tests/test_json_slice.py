@@ -5,12 +5,12 @@ from __future__ import annotations
 import gzip
 
 import pytest
-from tracekit.parsers import json_slice
 
 from tests.conftest import corpus, sample
 from tracekit import db
 from tracekit.errors import InputError
 from tracekit.ingest import ingest
+from tracekit.parsers import json_slice
 
 
 def fingerprint(con):

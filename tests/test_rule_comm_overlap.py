@@ -6,8 +6,8 @@ import re
 
 import jsonschema
 import pytest
-import tracekit.rules.comm_overlap as comm_overlap  # registers C001 before RULE_MODULES lists it
 
+import tracekit.rules.comm_overlap as comm_overlap  # registers C001 before RULE_MODULES lists it
 from tracekit.analysis import run_rules
 from tracekit.findings import json_schema
 from tracekit.rules_api import get_rule

@@ -7,8 +7,8 @@ import re
 
 import jsonschema
 import pytest
-import tracekit.rules.gpu_idle as gpu_idle  # registers G001 before RULE_MODULES lists it
 
+import tracekit.rules.gpu_idle as gpu_idle  # registers G001 before RULE_MODULES lists it
 from tracekit.analysis import run_rules
 from tracekit.findings import SEVERITY_RANK, json_schema
 from tracekit.ingest import ingest

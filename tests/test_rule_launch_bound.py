@@ -6,8 +6,8 @@ import re
 
 import jsonschema
 import pytest
-import tracekit.rules.launch_bound as launch_bound  # registers G002 before RULE_MODULES lists it
 
+import tracekit.rules.launch_bound as launch_bound  # registers G002 before RULE_MODULES lists it
 from tracekit.analysis import run_rules
 from tracekit.findings import json_schema
 from tracekit.ingest import ingest

@@ -72,3 +72,16 @@ def test_bool_and_int_params_coerce_from_cli_text():
         r.resolve_params({"n": 0.5})
     with pytest.raises(ValueError):
         r.resolve_params({"flag": "maybe"})
+
+
+def test_a_rule_whose_query_fails_becomes_a_data_quality_note(loaded, monkeypatch):
+    from tests.conftest import sample
+    from tracekit.analysis import run_rules
+    from tracekit.rules import host_sync
+
+    con = loaded(sample("gpu_prefill_decode_eager.json.gz"))
+    monkeypatch.setattr(host_sync, "BLOCKING_CALLS_SQL", "SELECT * FROM no_such_table")
+    monkeypatch.setattr(host_sync, "_blocking_sql", lambda: "SELECT * FROM no_such_table")
+    found, notes = run_rules(con, ["H001", "G001"])
+    assert [n.rule for n in notes if "failed" in n.message] == ["H001"]
+    assert {f.rule for f in found} == {"G001"}

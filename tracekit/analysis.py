@@ -120,6 +120,8 @@ def missing_inputs(con, rule: Rule) -> list[str]:
 
 def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | None = None):
     """Returns (findings, data_quality notes) from the selected rules (all when select is None)."""
+    import duckdb
+
     rules = [get_rule(k) for k in select] if select else all_rules()
     ctx = Context(con)
     findings: list[Finding] = []
@@ -130,6 +132,12 @@ def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | No
             notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
             continue
         values = rule.resolve_params((params or {}).get(rule.code, {}))
-        for item in rule.check(con, values, ctx):
+        produced: list = []
+        try:
+            produced.extend(rule.check(con, values, ctx))
+        except duckdb.Error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
+            notes.append(DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}"))
+            continue
+        for item in produced:
             (notes if isinstance(item, DataQuality) else findings).append(item)
     return findings, notes
