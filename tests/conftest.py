@@ -52,3 +52,29 @@ def fresh_db():
     con = db.connect(None)
     yield con
     con.close()
+
+
+def trace(name: str) -> Path:
+    """A bundled sample trace (gpu_*, cpu_*) or a corpus file, by name."""
+    return sample(name) if name.startswith(("gpu_", "cpu_")) else corpus(name)
+
+
+def evidence(con, finding) -> dict:
+    """Run a finding's evidence SQL with its parameters: the first row, as a dict."""
+    cur = con.execute(finding.sql, finding.sql_params)
+    return dict(zip([d[0] for d in cur.description], cur.fetchone()))
+
+
+_RULE_RESULTS: dict = {}
+
+
+def run_rule(con, code: str, cache: bool = True, **params):
+    """(findings, that rule's data-quality notes) of one rule; memoized per connection and
+    parameters, since rules only read."""
+    from tracekit.analysis import run_rules
+
+    key = (id(con), code, tuple(sorted(params.items())))
+    if not cache or key not in _RULE_RESULTS:
+        findings, notes = run_rules(con, [code], params={code: params} if params else None)
+        _RULE_RESULTS[key] = (con, findings, [n for n in notes if n.rule == code])
+    return _RULE_RESULTS[key][1], _RULE_RESULTS[key][2]

@@ -7,12 +7,12 @@ import re
 import jsonschema
 import pytest
 
-import tracekit.rules.comm_overlap as comm_overlap  # registers C001 before RULE_MODULES lists it
+import tracekit.rules.comm_overlap as comm_overlap
 from tracekit.analysis import run_rules
 from tracekit.findings import json_schema
 from tracekit.rules_api import get_rule
 
-from .conftest import corpus, sample
+from .conftest import corpus, evidence, sample
 
 TP = ("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")
 NCCL_CORPUS = (
@@ -34,12 +34,6 @@ def tp(loaded):
 
 def rank_of(con, run_id):
     return con.execute("SELECT rank FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
-
-
-def evidence(con, f) -> dict:
-    cur = con.execute(f.sql, f.sql_params)
-    cols = [d[0] for d in cur.description]
-    return dict(zip(cols, cur.fetchone()))
 
 
 def test_rule_is_registered_with_documented_options():

@@ -8,13 +8,12 @@ import re
 import jsonschema
 import pytest
 
-import tracekit.rules.gpu_idle as gpu_idle  # registers G001 before RULE_MODULES lists it
-from tracekit.analysis import run_rules
+import tracekit.rules.gpu_idle as gpu_idle
 from tracekit.findings import SEVERITY_RANK, json_schema
 from tracekit.ingest import ingest
 from tracekit.rules_api import get_rule
 
-from .conftest import corpus, sample
+from .conftest import corpus, evidence, run_rule, sample, trace
 
 EAGER = "gpu_prefill_decode_eager.json.gz"
 GRAPH = "gpu_prefill_decode_cudagraph.json.gz"
@@ -24,26 +23,12 @@ LEGACY = "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"  # oldest fo
 EVERYTHING = {"min_idle_share": 0.0, "min_idle_ns": 0}
 
 
-_RESULTS: dict = {}
-
-
 def g001(con, cache=True, **params):
-    """Run G001 alone; results are memoized per session connection and parameters (rules only read)."""
-    key = (id(con), tuple(sorted(params.items())))
-    if not cache or key not in _RESULTS:
-        findings, notes = run_rules(con, ["G001"], params={"G001": params} if params else None)
-        _RESULTS[key] = (con, findings, [n for n in notes if n.rule == "G001"])
-    return _RESULTS[key][1], _RESULTS[key][2]
-
-
-def evidence(con, f) -> dict:
-    cur = con.execute(f.sql, f.sql_params)
-    cols = [d[0] for d in cur.description]
-    return dict(zip(cols, cur.fetchone()))
+    return run_rule(con, "G001", cache, **params)
 
 
 def load(loaded, name):
-    return loaded(sample(name) if name.startswith(("gpu_", "cpu_")) else corpus(name))
+    return loaded(trace(name))
 
 
 @pytest.fixture(scope="module")

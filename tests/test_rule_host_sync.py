@@ -6,7 +6,7 @@ from __future__ import annotations
 import jsonschema
 import pytest
 
-from tests.conftest import corpus, sample
+from tests.conftest import corpus, evidence, sample
 from tracekit.analysis import run_rules
 from tracekit.findings import json_schema
 
@@ -14,12 +14,6 @@ from tracekit.findings import json_schema
 def findings(con, **params):
     found, notes = run_rules(con, ["H001"], {"H001": params} if params else None)
     return found, notes
-
-
-def evidence(con, finding):
-    d = finding.as_dict()["evidence"]
-    cur = con.execute(d["sql"], d["params"])
-    return dict(zip([c[0] for c in cur.description], cur.fetchone()))
 
 
 def test_item_sync_in_decode_loop_is_found_and_localized(loaded):

@@ -7,13 +7,12 @@ import re
 import jsonschema
 import pytest
 
-import tracekit.rules.launch_bound as launch_bound  # registers G002 before RULE_MODULES lists it
-from tracekit.analysis import run_rules
+import tracekit.rules.launch_bound as launch_bound
 from tracekit.findings import json_schema
 from tracekit.ingest import ingest
 from tracekit.rules_api import get_rule
 
-from .conftest import corpus, sample
+from .conftest import corpus, evidence, run_rule, sample, trace
 
 EAGER = "gpu_prefill_decode_eager.json.gz"
 GRAPH = "gpu_prefill_decode_cudagraph.json.gz"
@@ -30,26 +29,12 @@ EVERYTHING = {
 }
 
 
-_RESULTS: dict = {}
-
-
 def g002(con, cache=True, **params):
-    """Run G002 alone; results are memoized per session connection and parameters (rules only read)."""
-    key = (id(con), tuple(sorted(params.items())))
-    if not cache or key not in _RESULTS:
-        findings, notes = run_rules(con, ["G002"], params={"G002": params} if params else None)
-        _RESULTS[key] = (con, findings, [n for n in notes if n.rule == "G002"])
-    return _RESULTS[key][1], _RESULTS[key][2]
-
-
-def evidence(con, f) -> dict:
-    cur = con.execute(f.sql, f.sql_params)
-    cols = [d[0] for d in cur.description]
-    return dict(zip(cols, cur.fetchone()))
+    return run_rule(con, "G002", cache, **params)
 
 
 def load(loaded, name):
-    return loaded(sample(name) if name.startswith(("gpu_", "cpu_")) else corpus(name))
+    return loaded(trace(name))
 
 
 @pytest.fixture(scope="module")
