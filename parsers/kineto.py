@@ -104,6 +104,12 @@ def _extra_keys(array_path: Path) -> list[str]:
     return sorted(k for k in keys - set(EVENT_COLUMNS))
 
 
+# DuckDB sizes its read buffers from maximum_object_size, so the default stays small and a file with
+# a larger event is read again with a larger one.
+DEFAULT_MAX_OBJECT = 16 << 20
+MAX_OBJECT_LIMIT = 1 << 30
+
+
 class Reload(Exception):
     """The file must be read again, inside a fresh transaction, with these load options."""
 
@@ -112,24 +118,36 @@ class Reload(Exception):
         self.options = options
 
 
-def load(con, staged: Staged, run_id: int, ignore_errors: bool = False, exact: bool | None = None) -> dict:
+def load(
+    con,
+    staged: Staged,
+    run_id: int,
+    ignore_errors: bool = False,
+    exact: bool | None = None,
+    max_object_bytes: int = DEFAULT_MAX_OBJECT,
+) -> dict:
     """Insert one staged trace as run `run_id`; returns counts for the ingest log.
 
     Malformed JSON is fatal (with its position). Raises Reload when a second read is needed: for
     well-formed elements that are not objects (a number, a string), which ignore_errors turns into
-    empty rows counted as skipped; and for a double-typed read that lost timestamp fractions.
-    A failed statement aborts the caller's transaction, hence the retry there, not here.
+    empty rows counted as skipped; for an event larger than DuckDB's read buffer (a huge stack or
+    args); and for a double-typed read that lost timestamp fractions. A failed statement aborts the
+    caller's transaction, hence the retry there, not here.
     """
     if exact is None:
         exact = _needs_exact_ts(staged.parts[0])
+    options = {"ignore_errors": ignore_errors, "exact": exact, "max_object_bytes": max_object_bytes}
     try:
-        counts = _load(con, staged, run_id, ignore_errors, exact)
+        counts = _load(con, staged, run_id, **options)
     except InputError as e:
-        if "transform error" in str(e).lower() and not ignore_errors:
-            raise Reload(ignore_errors=True, exact=exact) from None
+        text = str(e).lower()
+        if "transform error" in text and not ignore_errors:
+            raise Reload(**{**options, "ignore_errors": True}) from None
+        if "maximum_object_size" in text and max_object_bytes < MAX_OBJECT_LIMIT:
+            raise Reload(**{**options, "max_object_bytes": min(max_object_bytes * 16, MAX_OBJECT_LIMIT)}) from None
         raise
     if not exact and _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
-        raise Reload(ignore_errors=ignore_errors, exact=True)
+        raise Reload(**{**options, "exact": True})
     counts["notes"]["ts_type"] = "DECIMAL(38,3)" if exact else "DOUBLE"
     return counts
 
@@ -168,7 +186,7 @@ def _ts_ns_expr(exact: bool) -> str:
 RAW_TABLE = "_tracekit_raw_events"
 
 
-def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool) -> dict:
+def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, max_object_bytes: int) -> dict:
     extra = _extra_keys(staged.parts[0])
     columns = dict(EVENT_COLUMNS)
     if exact:
@@ -214,7 +232,7 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool) ->
     try:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT * FROM read_json(?, format='array', "
-            f"columns={columns_sql}, ignore_errors={ignore_errors})",
+            f"columns={columns_sql}, ignore_errors={ignore_errors}, maximum_object_size={max_object_bytes})",
             [[str(p) for p in staged.parts]],
         )
     except Exception as e:  # duckdb.Error subclasses; message carries the byte position

@@ -104,3 +104,19 @@ def test_event_ids_follow_file_order_whatever_the_parts(monkeypatch):
     monkeypatch.setattr(json_slice, "PART_TARGET", 1 << 20)
     # parts are parsed in parallel; event_id (and so every parent_id) must not depend on which finished first
     assert {fingerprint(ingest_fresh([path])) for _ in range(4)} == {whole}
+
+
+def test_an_event_larger_than_the_read_buffer_is_still_ingested(tmp_path):
+    import json
+
+    from tracekit.parsers import kineto
+
+    trace = tmp_path / "big_event.json"
+    stack = "frame;" * (kineto.DEFAULT_MAX_OBJECT // 5)
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "X", "ts": 1, "dur": 5, "name": "huge", "pid": 1, "tid": 1, "args": {"stack": stack}},
+        {"ph": "X", "ts": 2, "dur": 1, "name": "small", "pid": 1, "tid": 1},
+    ]}))  # fmt: skip
+    con = ingest_fresh([trace])
+    rows = con.execute("SELECT name, length(args->>'stack'), depth FROM events ORDER BY event_id").fetchall()
+    assert rows == [("huge", len(stack), 0), ("small", None, 1)]
