@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_TRACE := sample_traces/gpu_prefill_decode_eager.json.gz
 
-.PHONY: demo test bench docs clean
+.PHONY: demo test bench parity docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/run.py
+
+parity: $(VENV)/.installed
+	$(BIN)/python benchmarks/hta_parity.py
 
 docs: $(VENV)/.installed
 	$(BIN)/python scripts/gen_rule_docs.py

@@ -173,7 +173,7 @@ CREATE OR REPLACE VIEW launches AS
 SELECT r.run_id, r.event_id AS runtime_event_id, r.name AS runtime_name, r.ts_ns AS launch_ts_ns,
        r.dur_ns AS launch_dur_ns, r.pid, r.tid, g.event_id AS gpu_event_id, g.kind AS gpu_kind,
        g.name AS gpu_name, g.device, g.stream, g.ts_ns AS gpu_ts_ns, g.dur_ns AS gpu_dur_ns,
-       g.ts_ns - r.ts_ns AS launch_delay_ns, r.correlation, coalesce(r.external_id, g.external_id) AS external_id
+       g.ts_ns - (r.ts_ns + r.dur_ns) AS launch_delay_ns, r.correlation, coalesce(r.external_id, g.external_id) AS external_id
 FROM runtime_calls r JOIN gpu_activities g ON r.run_id = g.run_id AND r.correlation = g.correlation;
 
 -- Flow arrows (ph s/t/f) paired by (run, category, id): ac2g / async_cpu_to_gpu launch flows, fwdbwd links.
