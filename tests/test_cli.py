@@ -177,3 +177,29 @@ def test_a_failing_file_leaves_nothing_behind(tmp_path):
     assert [r["run_id"] for r in rows] == [1]
     runs = json.loads(run("sql", dbf, "SELECT count(*) AS n FROM runs", "-f", "json", check_rc=0).stdout)
     assert runs[0]["n"] == 1
+
+
+def test_analyze_a_database_made_by_ingest_and_two_ranks(tmp_path):
+    dbf = tmp_path / "tp.duckdb"
+    run("ingest", sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz"), "--db", dbf, check_rc=0)
+    from_db = json.loads(run("analyze", dbf, "-f", "json", check_rc=0).stdout)
+    from_files = json.loads(
+        run(
+            "analyze", sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz"), "-f", "json", check_rc=0
+        ).stdout
+    )
+    assert [r["rank"] for r in from_db["runs"]] == [0, 1]
+    # the same findings whether the traces come from files or from the database
+    assert [f["id"] for f in from_db["findings"]] == [f["id"] for f in from_files["findings"]]
+    assert {f["locality"]["rank"] for f in from_db["findings"]} == {0, 1}
+    # communication on rank 0 is exposed: the all-reduce waits for rank 1
+    assert any(f["rule"] == "C001" and f["locality"]["rank"] == 0 for f in from_db["findings"])
+    # evidence SQL runs through `tracekit sql` with its params
+    f = next(f for f in from_db["findings"] if f["rule"] == "C001")
+    params = [
+        arg
+        for k, v in f["evidence"]["params"].items()
+        for arg in ("-p", k, str(v).lower() if isinstance(v, bool) else str(v))
+    ]
+    rows = json.loads(run("sql", dbf, f["evidence"]["sql"], *params, "-f", "json", check_rc=0).stdout)
+    assert rows and rows[0]["exposed_ns"] == f["observed"]["value"]
