@@ -1,7 +1,7 @@
 """PyTorch profiler (Kineto) Chrome-trace JSON -> event_rows, runs, processes, threads, streams.
 
-The events array is read by DuckDB in parallel (see json_slice for why it is cut out first); every
-column is derived in that one SQL pass.
+The events array is parsed by DuckDB in parallel (see json_slice for why it is cut into parts first)
+into a plain table, and every public column is derived from it in one SQL statement.
 
 Timestamps: `ts` is microseconds, often with a ns fraction. A double holds it exactly while
 |ts| < ~4e12 us (relative to baseTimeNanoseconds, as Kineto writes since 2023) and for integral
@@ -44,11 +44,6 @@ EVENT_COLUMNS = {
 FLOW_CATEGORIES = ("ac2g", "async_cpu_to_gpu", "async", "fwdbwd")
 
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
-
-
-def sniff(head: bytes) -> bool:
-    """True for Chrome-trace JSON (Kineto writes this layout)."""
-    return b'"traceEvents"' in head or head.lstrip()[:1] == b"["
 
 
 def _sql_str(value: str) -> str:
