@@ -78,3 +78,15 @@ def run_rule(con, code: str, cache: bool = True, **params):
         findings, notes = run_rules(con, [code], params={code: params} if params else None)
         _RULE_RESULTS[key] = (con, findings, [n for n in notes if n.rule == code])
     return _RULE_RESULTS[key][1], _RULE_RESULTS[key][2]
+
+
+@pytest.fixture(scope="session")
+def eager(loaded):
+    """The H200 prefill + decode loop in eager mode (launch-bound, syncs every step)."""
+    return loaded(sample("gpu_prefill_decode_eager.json.gz"))
+
+
+@pytest.fixture(scope="session")
+def graph(loaded):
+    """The same loop with the decode step replayed from a CUDA graph."""
+    return loaded(sample("gpu_prefill_decode_cudagraph.json.gz"))

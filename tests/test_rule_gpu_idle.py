@@ -27,20 +27,6 @@ def g001(con, cache=True, **params):
     return run_rule(con, "G001", cache, **params)
 
 
-def load(loaded, name):
-    return loaded(trace(name))
-
-
-@pytest.fixture(scope="module")
-def eager(loaded):
-    return loaded(sample(EAGER))
-
-
-@pytest.fixture(scope="module")
-def graph(loaded):
-    return loaded(sample(GRAPH))
-
-
 def test_rule_is_registered_with_documented_options():
     rule = get_rule("G001")
     assert rule is get_rule("gpu-idle") and rule.check is gpu_idle.check
@@ -167,7 +153,7 @@ def _independent(con, run_id, device, stream, kernel_wait_ns):
 
 @pytest.mark.parametrize("name", [GRAPH, MULTI_STREAM])
 def test_split_matches_an_independent_computation(loaded, name):
-    con = load(loaded, name)
+    con = loaded(trace(name))
     findings, _ = g001(con, **EVERYTHING)
     assert findings
     for f in findings:
@@ -218,7 +204,7 @@ def test_thresholds_and_kernel_wait_only_move_time(graph):
 
 
 def test_gaps_without_a_launch_record_are_a_caveat(loaded):
-    con = load(loaded, LEGACY)
+    con = loaded(trace(LEGACY))
     [f] = g001(con)[0]
     ev = evidence(con, f)
     assert ev["gaps_with_launch"] < ev["gaps"]
@@ -230,7 +216,7 @@ def test_gaps_without_a_launch_record_are_a_caveat(loaded):
     "name", ["cpu_two_threads.json.gz", "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz"]
 )
 def test_quiet_without_cuda_gpu_activity(loaded, name):
-    con = load(loaded, name)
+    con = loaded(trace(name))
     findings, notes = g001(con, **EVERYTHING)
     assert findings == []
     assert notes and "gpu_activities" in notes[0].message

@@ -33,20 +33,6 @@ def g002(con, cache=True, **params):
     return run_rule(con, "G002", cache, **params)
 
 
-def load(loaded, name):
-    return loaded(trace(name))
-
-
-@pytest.fixture(scope="module")
-def eager(loaded):
-    return loaded(sample(EAGER))
-
-
-@pytest.fixture(scope="module")
-def graph(loaded):
-    return loaded(sample(GRAPH))
-
-
 def steps_of(con, f):
     """The step windows of a finding's group, read straight from the annotations."""
     return con.execute(
@@ -97,7 +83,7 @@ def test_eager_decode_loop_is_launch_bound_and_fits_a_cuda_graph(eager):
 
 @pytest.mark.parametrize("name", [EAGER, LEGACY])
 def test_busy_short_idle_and_short_kernels_match_an_independent_computation(loaded, name):
-    con = load(loaded, name)
+    con = loaded(trace(name))
     [f] = [f for f in g002(con, **EVERYTHING)[0] if f.locality["step"] in ("decode_step", "ProfilerStep")]
     steps = steps_of(con, f)
     acts = con.execute(
@@ -176,7 +162,7 @@ def test_evidence_reproduces_observed_and_invariants(loaded, names):
 
 
 def test_old_traces_step_on_profiler_step_ops(loaded):
-    con = load(loaded, LEGACY)
+    con = loaded(trace(LEGACY))
     findings, _ = g002(con, **EVERYTHING)
     steps = con.execute("SELECT count(*) FROM cpu_ops WHERE name LIKE 'ProfilerStep#%'").fetchone()[0]
     [f] = findings
@@ -186,7 +172,7 @@ def test_old_traces_step_on_profiler_step_ops(loaded):
 
 
 def test_without_annotations_the_whole_run_is_one_step(loaded):
-    con = load(loaded, NO_STEPS)
+    con = loaded(trace(NO_STEPS))
     [f] = g002(con, **EVERYTHING)[0]
     run = con.execute("SELECT start_ns, end_ns FROM runs").fetchone()
     assert f.locality["step"] == "(whole run)" and f.extra["steps"] == 1
@@ -214,7 +200,7 @@ def test_thresholds_gate_the_finding(eager):
     "name", ["cpu_two_threads.json.gz", "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz"]
 )
 def test_quiet_without_cuda_launches(loaded, name):
-    findings, notes = g002(load(loaded, name), **EVERYTHING)
+    findings, notes = g002(loaded(trace(name)), **EVERYTHING)
     assert findings == []
     assert notes and "launches" in notes[0].message
 
