@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 
 import pytest
 
@@ -120,3 +121,16 @@ def test_an_event_larger_than_the_read_buffer_is_still_ingested(tmp_path):
     con = ingest_fresh([trace])
     rows = con.execute("SELECT name, length(args->>'stack'), depth FROM events ORDER BY event_id").fetchall()
     assert rows == [("huge", len(stack), 0), ("small", None, 1)]
+
+
+def test_counter_events_become_one_row_per_series(tmp_path):
+    trace = tmp_path / "c.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 9, "tid": 0, "args": {"name": "trainer"}},
+        {"ph": "C", "name": "GPU memory", "pid": 9, "tid": 0, "ts": 10.5, "args": {"allocated": 1024, "reserved": 4096}},
+        {"ph": "C", "name": "GPU memory", "pid": 9, "tid": 0, "ts": 11.0, "args": {"allocated": 2048, "reserved": 4096}},
+    ]}))  # fmt: skip
+    con = ingest_fresh([trace])
+    rows = con.execute("SELECT series, ts_ns, value FROM counters ORDER BY ts_ns, series").fetchall()
+    assert rows == [("allocated", 10500, 1024.0), ("reserved", 10500, 4096.0), ("allocated", 11000, 2048.0), ("reserved", 11000, 4096.0)]
+    assert con.execute("SELECT pid, name FROM processes").fetchall() == [(9, "trainer")]
