@@ -144,7 +144,19 @@ def load(
     if not exact and _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
         raise Reload(**{**options, "exact": True})
     counts["notes"]["ts_type"] = "DECIMAL(38,3)" if exact else "DOUBLE"
+    if exact and not exact_json_decimals():
+        counts["notes"]["ts_precision"] = (
+            "about 0.25 us: this DuckDB (< 2.0) reads JSON numbers through a double, so absolute "
+            "microsecond timestamps lose their nanosecond fraction; DuckDB >= 2.0 (Python >= 3.11) keeps it"
+        )
     return counts
+
+
+def exact_json_decimals() -> bool:
+    """DuckDB 2.0 parses a JSON number straight into DECIMAL; 1.x goes through a double first."""
+    import duckdb
+
+    return int(duckdb.__version__.split(".")[0]) >= 2
 
 
 TS_SAMPLE = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')

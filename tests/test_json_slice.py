@@ -132,5 +132,10 @@ def test_counter_events_become_one_row_per_series(tmp_path):
     ]}))  # fmt: skip
     con = ingest_fresh([trace])
     rows = con.execute("SELECT series, ts_ns, value FROM counters ORDER BY ts_ns, series").fetchall()
-    assert rows == [("allocated", 10500, 1024.0), ("reserved", 10500, 4096.0), ("allocated", 11000, 2048.0), ("reserved", 11000, 4096.0)]
+    assert rows == [
+        ("allocated", 10500, 1024.0),
+        ("reserved", 10500, 4096.0),
+        ("allocated", 11000, 2048.0),
+        ("reserved", 11000, 4096.0),
+    ]
     assert con.execute("SELECT pid, name FROM processes").fetchall() == [(9, "trainer")]
