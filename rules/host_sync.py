@@ -16,16 +16,19 @@ Mirrors the nsys expert rules `cuda_api_sync`, `cuda_memcpy_sync` and `cuda_memc
 (pageable), which list calls but do not say who issued them.
 
 ## Example
-`cudaStreamSynchronize` called 33 times from `aten::_local_scalar_dense` on the main thread,
-blocking 41 ms of a 310 ms window: a per-step `if (next_token == eos).all().item(): break`.
+On the H200 eager decode sample (`sample_traces/gpu_prefill_decode_eager.json.gz`):
+`cudaStreamSynchronize` 32 times from `aten::_local_scalar_dense` (`tensor.item()`) on the main
+thread, a per-step `if (next_token == eos).all().item(): break`; after each return the GPU waits
+~0.2 ms for the host to enqueue the next step, 6.9 ms of a 305 ms window.
 
 Use instead: check the stop condition every N steps, or on a side stream with a pinned host buffer
 and `non_blocking=True`, and read it one step late.
 
 ## Options
 - `min_calls` (3): a site must repeat this often to count as steady state.
-- `min_share` (0.005): report sites whose cost (host blocked + GPU idle until the next GPU work
-  after each call) is at least this share of the run's window.
+- `min_share` (0.005): report sites whose cost, the GPU idle time from each call's return until
+  the next GPU work, is at least this share of the run's window. (Time the host spends blocked
+  is not the cost: the GPU is busy then, and when it is the bottleneck the wait is harmless.)
 - `small_htod_bytes` (65536): synchronous host-to-device copies up to this size are exempt (as in nsys).
 """
 
@@ -60,7 +63,9 @@ WITH copies AS (
     WHERE r.run_id = $run_id
 )
 SELECT calls.*, coalesce(p.name, '(top level)') AS site,
-       nxt.ts_ns - (calls.ts_ns + calls.dur_ns) AS gpu_idle_after_ns,
+       -- the cost: the GPU has nothing to do from the call's return until the host enqueues again
+       CASE WHEN cur.end_ns > calls.ts_ns + calls.dur_ns THEN 0
+            ELSE coalesce(nxt.start_ns - (calls.ts_ns + calls.dur_ns), 0) END AS gpu_idle_after_ns,
        CASE
          WHEN call IN ({sync_calls}) THEN 'sync'
          WHEN regexp_matches(call, '^(cuda|hip)Memcpy') AND NOT contains(call, 'Async')
@@ -71,13 +76,15 @@ SELECT calls.*, coalesce(p.name, '(top level)') AS site,
          WHEN contains(call, 'Async') AND contains(coalesce(gpu_name, ''), 'Pageable') THEN 'pageable async memcpy'
        END AS blocking
 FROM calls LEFT JOIN events p ON p.event_id = calls.parent_id
-ASOF LEFT JOIN (SELECT ts_ns FROM gpu_activities WHERE run_id = $run_id) nxt
-  ON calls.ts_ns + calls.dur_ns <= nxt.ts_ns
+ASOF LEFT JOIN (SELECT start_ns, end_ns FROM gpu_busy WHERE run_id = $run_id) cur
+  ON calls.ts_ns + calls.dur_ns >= cur.start_ns
+ASOF LEFT JOIN (SELECT start_ns FROM gpu_busy WHERE run_id = $run_id) nxt
+  ON calls.ts_ns + calls.dur_ns <= nxt.start_ns
 """
 
 # The evidence query: recomputes calls and blocked time for one site.
 SITE_SQL = (
-    "SELECT count(*) AS calls, sum(dur_ns) AS host_blocked_ns, sum(gpu_idle_after_ns) AS gpu_idle_after_ns,\n"
+    "SELECT sum(gpu_idle_after_ns) AS gpu_idle_after_ns, count(*) AS calls, sum(dur_ns) AS host_blocked_ns,\n"
     "       min(ts_ns) AS first_ns, max(ts_ns + dur_ns) AS last_ns\n"
     "FROM (" + BLOCKING_CALLS_SQL + ") b\nWHERE blocking IS NOT NULL AND tid = $tid AND call = $call AND site = $site"
 )
@@ -113,9 +120,8 @@ def check(con, params, ctx):
                    median(dur_ns), coalesce(sum(gpu_idle_after_ns), 0)
             FROM ({sql}) b WHERE blocking IS NOT NULL
             GROUP BY tid, pid, call, site
-            HAVING count(*) >= $min_calls
-               AND sum(dur_ns) + coalesce(sum(gpu_idle_after_ns), 0) >= $min_share * $window
-            ORDER BY sum(dur_ns) DESC
+            HAVING count(*) >= $min_calls AND coalesce(sum(gpu_idle_after_ns), 0) >= $min_share * $window
+            ORDER BY coalesce(sum(gpu_idle_after_ns), 0) DESC, site, call
             """,
             {
                 "run_id": run.run_id,
@@ -126,7 +132,7 @@ def check(con, params, ctx):
             },
         ).fetchall()
         for tid, pid, call, site, blocking, calls, blocked, first, last, worst, samples, median, idle_after in rows:
-            cost = blocked + idle_after
+            cost = idle_after
             share = cost / window
             severity = "critical" if share >= 0.10 else "warning" if share >= 0.02 else "info"
             thread = ctx.thread_name(run.run_id, pid, tid)
@@ -136,8 +142,8 @@ def check(con, params, ctx):
                 severity=severity,
                 confidence=0.9 if blocking == "sync" else 0.8,
                 title=(
-                    f"{call} ({blocking}) from {site}: {calls} calls block the host {blocked / 1e6:.2f} ms, "
-                    f"GPU idle {idle_after / 1e6:.2f} ms after them"
+                    f"GPU idle {idle_after / 1e6:.2f} ms after {calls} blocking {call} ({blocking}) from {site} "
+                    f"(host blocked {blocked / 1e6:.2f} ms in them)"
                 ),
                 locality={
                     **run.locality(),
@@ -152,8 +158,8 @@ def check(con, params, ctx):
                 observed=Quantity(
                     int(cost),
                     "ns",
-                    f"host blocked {blocked / 1e3:.0f} us in {calls} calls (median {median / 1e3:.1f} us) + "
-                    f"GPU idle {idle_after / 1e3:.0f} us until the next GPU work after each call",
+                    f"GPU idle from the return of each of {calls} calls until the next GPU work; the host was "
+                    f"blocked {blocked / 1e3:.0f} us in them (median {median / 1e3:.1f} us), waiting for the GPU",
                 ),
                 expected=Quantity(0, "ns", "no blocking call inside the steady-state loop"),
                 impact_ns=int(cost),
