@@ -19,7 +19,7 @@ def test_rule_doc_has_fixed_form_and_lists_every_option(rule):
     for heading in REQUIRED_HEADINGS:
         assert heading in rule.doc, f"{rule.code} doc lacks {heading}"
     options = rule.doc.split("## Options", 1)[1]
-    documented = set(re.findall(r"`([a-z_]+)`", options))
+    documented = set(re.findall(r"`([a-z0-9_]+)`", options))
     assert set(rule.params) <= documented, f"{rule.code}: undocumented options {set(rule.params) - documented}"
     assert re.fullmatch(r"[A-Z]+[0-9]{3}", rule.code)
     assert re.fullmatch(r"[a-z]+(-[a-z]+)*", rule.name)

@@ -15,6 +15,16 @@ from .errors import TracekitError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
+# kept here (not imported from .diff) so that `tracekit --help` does not import the diff module
+_ACCEPT_HELP = (
+    "Acceptance criterion METRIC OP VALUE, repeatable; exit 1 when one fails. OP: <= < >= > ==. VALUE: "
+    "+5% / -10% (relative change), +2ms / -500us (signed: absolute change), 80ms / 0.9 (unsigned: the "
+    "candidate's value); units ns us ms s. Metrics: step_time (mean step), step_p50 (median step), wall "
+    "(run window), gpu_busy, gpu_util (0..1), idle (GPU idle per step), launches (GPU activities per step), "
+    "kernel:TEXT (GPU time per step of kernels whose name contains TEXT), phase:NAME (prefill/decode time "
+    "per run)."
+)
+
 
 class Group(click.Group):
     def invoke(self, ctx):
@@ -181,12 +191,25 @@ def _coerce(value: str):
 @click.option("--param", "params", multiple=True, metavar="RULE.NAME=VALUE", help="Override a rule parameter.")
 @click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
 @click.option("--max-findings", type=int, default=25, show_default=True, help="Cap on findings in the report.")
-def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings):
+@click.option(
+    "--baseline", "baselines", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="Baseline trace (repeatable): add a diff of TRACES against it (see `tracekit diff`).",
+)  # fmt: skip
+@click.option("--step", help="With --baseline: annotation that delimits a step (see `tracekit diff`).")
+@click.option(
+    "--accept",
+    "accepts",
+    multiple=True,
+    metavar="EXPR",
+    help="With --baseline: acceptance criterion (see `tracekit diff`).",
+)
+def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings, baselines, step, accepts):
     """Ingest traces (or open a .duckdb made by `ingest`), run the rules, print ranked findings.
 
     \b
         tracekit analyze run.json.gz
         tracekit analyze run.json.gz --format json --rules host-sync,G001 --param G001.min_idle_share=0.1
+        tracekit analyze new.json.gz --baseline old.json.gz --accept "step_time <= +5%"
     """
     from .analysis import run_rules
     from .findings import SEVERITY_RANK
@@ -206,6 +229,15 @@ def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings
     existing = [t for t in traces if t.suffix == ".duckdb"]
     if existing and len(traces) > 1:
         raise TracekitError("pass either one .duckdb database or trace files, not both")
+    if (step or accepts) and not baselines:
+        raise TracekitError("--step and --accept need --baseline")
+    if baselines and existing:
+        raise TracekitError("--baseline compares trace files: pass the candidate's trace files, not a .duckdb")
+    if accepts:
+        from .diff import parse_accept
+
+        for a in accepts:
+            parse_accept(a)  # a bad criterion fails before any ingest
     con = _open_db(str(existing[0]) if existing else db_path, must_exist=bool(existing))
     if not existing:
         _ingest(con, traces, rank, [])
@@ -214,9 +246,76 @@ def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings
     except (KeyError, ValueError) as e:
         raise TracekitError(str(e.args[0] if e.args else e)) from None
     report = build_report(con, findings, notes, top_costs(con), max_findings=max_findings)
+    diff_doc = None
+    if baselines:
+        from .diff import render as render_diff
+        from .diff import run_diff
+
+        diff_doc = run_diff(list(baselines), list(traces), step=step, accept=accepts)
+        if fmt == "json":
+            report["diff"] = diff_doc
     render(report, fmt)
+    if diff_doc is not None and fmt != "json":
+        click.echo("")
+        click.echo(render_diff(diff_doc, fmt), nl=False)
     worst = worst_severity(findings)
     if fail_on and worst and SEVERITY_RANK[worst] >= SEVERITY_RANK[fail_on]:
+        sys.exit(1)
+    if diff_doc is not None and not diff_doc["passed"]:
+        sys.exit(1)
+
+
+@cli.command()
+@click.argument("traces", nargs=-1, type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "-b", "--baseline", "baselines", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="Baseline trace; repeat for several ranks or runs.",
+)  # fmt: skip
+@click.option(
+    "-c", "--candidate", "candidates", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+    help="Candidate trace; repeat for several ranks or runs.",
+)  # fmt: skip
+@click.option(
+    "--step",
+    help="Annotation that delimits a step (a trailing #N is ignored). Default: ProfilerStep#N, else the most "
+    "frequent top-level user annotation, else the whole run.",
+)
+@click.option("--accept", "accepts", multiple=True, metavar="EXPR", help=_ACCEPT_HELP)
+@click.option("--top", type=int, default=15, show_default=True, help="Contributors listed per scope.")
+@click.option(
+    "-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True
+)
+def diff(traces, baselines, candidates, step, accepts, top, fmt):
+    """Compare a baseline with a candidate: the time delta (end to end, per step, per phase), the kernels,
+    idle time, ops, threads and streams that account for it, its noise, and acceptance verdicts.
+
+    Pass BASELINE CANDIDATE (one trace each), or -b/-c once per trace for several ranks or runs.
+    Exit codes: 0 every --accept passed, 1 one failed, 2 bad input or usage.
+
+    \b
+        tracekit diff eager.json.gz graph.json.gz --accept "step_time <= +5%" --accept "idle <= 1ms"
+        tracekit diff -b a_rank0.json.gz -b a_rank1.json.gz -c b_rank0.json.gz -c b_rank1.json.gz -f json
+        tracekit diff old.json.gz new.json.gz --step decode_step --accept "phase:prefill <= +2%"
+    """
+    from .diff import parse_accept, render, run_diff
+
+    if traces and (baselines or candidates):
+        raise TracekitError("pass BASELINE CANDIDATE, or --baseline/--candidate options, not both")
+    if traces:
+        if len(traces) != 2:
+            raise TracekitError(
+                f"expected BASELINE CANDIDATE (2 traces), got {len(traces)}; use -b/-c once per trace for more"
+            )
+        baselines, candidates = (traces[0],), (traces[1],)
+    if not baselines or not candidates:
+        raise TracekitError("need a baseline and a candidate: BASELINE CANDIDATE, or -b PATH -c PATH")
+    if top < 1:
+        raise TracekitError("--top must be at least 1")
+    for a in accepts:
+        parse_accept(a)
+    doc = run_diff(list(baselines), list(candidates), step=step, accept=accepts, top=top)
+    click.echo(render(doc, fmt), nl=False)
+    if not doc["passed"]:
         sys.exit(1)
 
 

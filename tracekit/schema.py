@@ -4,7 +4,7 @@ docs/schema.md documents every name here; tests/test_schema_docs.py fails when t
 Bump SCHEMA_VERSION whenever a public column or view changes meaning or disappears.
 """
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 # Kineto categories as written (lower-cased) -> normalized kind. Legacy 2020-2021 traces use
 # capitalised names (Operator/Runtime/Kernel/Memcpy/Memset); ROCm keeps cuda_runtime for hip* calls.
@@ -98,6 +98,32 @@ CREATE TABLE IF NOT EXISTS event_rows (
     extra JSON,
     parent_id BIGINT,
     depth INTEGER
+);
+
+-- Nsight Compute CSV (parsers/ncu_csv.py): one row per (launch, metric).
+CREATE TABLE IF NOT EXISTS ncu_metrics (
+    run_id INTEGER,
+    launch_id INTEGER,
+    pid BIGINT,
+    process VARCHAR,
+    host VARCHAR,
+    kernel VARCHAR,
+    context INTEGER,
+    stream BIGINT,
+    block VARCHAR,
+    grid VARCHAR,
+    device INTEGER,
+    cc VARCHAR,
+    section VARCHAR,
+    metric VARCHAR,
+    unit VARCHAR,
+    value_text VARCHAR,
+    value DOUBLE,
+    rule_name VARCHAR,
+    rule_type VARCHAR,
+    rule_description VARCHAR,
+    speedup_type VARCHAR,
+    speedup VARCHAR
 );
 """
 
@@ -196,10 +222,47 @@ SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, pid, tid, parent_id, depth
        TRY_CAST(args->>'Python id' AS BIGINT) AS python_id,
        TRY_CAST(args->>'Python parent id' AS BIGINT) AS python_parent_id
 FROM events WHERE kind = 'python_function';
+
+-- Events of runtime-event logs (JSON Lines), on the run's clock; attributes = every other key of the line.
+CREATE OR REPLACE VIEW runtime_events AS
+SELECT run_id, event_id, name, ts_ns, dur_ns, end_ns, pid, tid, extra->>'thread' AS thread,
+       args AS attributes, TRY_CAST(extra->>'line' AS BIGINT) AS line, parent_id, depth
+FROM events WHERE kind = 'runtime_event';
+
+-- One row per profiled launch (Nsight Compute), with the metrics rules read most, in base units.
+-- *_pct are percent of peak; bound follows NVIDIA's SpeedOfLight rule (thresholds 60/80, balance 10).
+CREATE OR REPLACE VIEW ncu_launches AS
+WITH m AS (
+    SELECT run_id, launch_id, any_value(kernel) AS kernel, any_value(grid) AS grid, any_value(block) AS block,
+           any_value(device) AS device, any_value(stream) AS stream,
+           max(CASE WHEN metric = 'gpu__time_duration.sum' THEN value *
+                    CASE lower(unit) WHEN 'usecond' THEN 1e3 WHEN 'msecond' THEN 1e6 WHEN 'second' THEN 1e9 ELSE 1 END END) AS duration_ns,
+           max(CASE WHEN metric = 'sm__throughput.avg.pct_of_peak_sustained_elapsed' THEN value END) AS sm_pct,
+           max(CASE WHEN metric IN ('gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed',
+                                    'dram__throughput.avg.pct_of_peak_sustained_elapsed') THEN value END) AS mem_pct,
+           max(CASE WHEN metric IN ('sm__inst_executed.sum', 'smsp__inst_executed.sum') THEN value END) AS inst_executed,
+           max(CASE WHEN metric IN ('smsp__sass_thread_inst_executed_op_fp32_pred_on.sum', 'sm__sass_thread_inst_executed_op_fp32_pred_on.sum') THEN value END) AS fp32_thread_inst,
+           max(CASE WHEN metric = 'dram__bytes.sum' THEN value END) AS dram_bytes_total,
+           sum(CASE WHEN metric IN ('dram__bytes_read.sum', 'dram__bytes_write.sum') THEN value END) AS dram_bytes_rw,
+           max(CASE WHEN metric = 'launch__grid_size' THEN value END) AS grid_size_metric
+    FROM ncu_metrics GROUP BY run_id, launch_id
+)
+SELECT run_id, launch_id, kernel, grid, block, device, stream, duration_ns, sm_pct, mem_pct, inst_executed, fp32_thread_inst,
+       coalesce(dram_bytes_total, dram_bytes_rw) AS dram_bytes,
+       coalesce(grid_size_metric,
+                list_product(list_transform(string_split(trim(grid, '()'), ','), lambda x: TRY_CAST(trim(x) AS DOUBLE)))) AS grid_size,
+       CASE WHEN sm_pct IS NULL OR mem_pct IS NULL THEN NULL
+            WHEN greatest(sm_pct, mem_pct) >= 80 THEN 'high throughput'
+            WHEN sm_pct < 60 AND mem_pct < 60 THEN 'latency'
+            WHEN sm_pct - mem_pct >= 10 THEN 'compute'
+            WHEN mem_pct - sm_pct >= 10 THEN 'memory'
+            ELSE 'balanced' END AS bound
+FROM m;
 """
 
-PUBLIC_TABLES = ("runs", "processes", "threads", "streams", "ingest_log")
+PUBLIC_TABLES = ("runs", "processes", "threads", "streams", "ingest_log", "ncu_metrics")
 PUBLIC_VIEWS = (
+    "ncu_launches",
     "events",
     "kernels",
     "gpu_activities",
@@ -210,4 +273,5 @@ PUBLIC_VIEWS = (
     "flows",
     "counters",
     "python_functions",
+    "runtime_events",
 )

@@ -24,7 +24,7 @@ def runs_section(con) -> list[dict]:
         SELECT r.run_id, r.label, r.source, r.format, r.rank, r.world_size, r.start_ns, r.end_ns,
                l.events_read, l.events_ingested, l.events_skipped,
                json_extract_string(r.device_properties, '$[0].name') AS device
-        FROM runs r LEFT JOIN ingest_log l USING (run_id) ORDER BY r.run_id
+        FROM runs r LEFT JOIN ingest_log l ON l.run_id = r.run_id AND l.source = r.source ORDER BY r.run_id
         """
     ).fetchall()
     keys = (

@@ -12,7 +12,7 @@ from __future__ import annotations
 from .schema import DEVICE_KINDS
 
 # Host-side kinds whose top-level (depth 0) events make up a thread's CPU time.
-_NOT_THREAD_TIME = ("profiler_span", "overhead")
+_NOT_THREAD_TIME = ("profiler_span", "overhead", "runtime_event")
 
 GPU_BUSY_SQL = """
 SELECT run_id, device, CAST(sum(dur_ns) AS BIGINT) AS busy_ns, count(*) AS busy_blocks

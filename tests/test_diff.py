@@ -1,0 +1,194 @@
+"""tracekit diff / analyze --baseline: the delta decomposes exactly, noise and acceptance verdicts,
+exit codes through the real console script."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import corpus, sample
+from tracekit.diff import bootstrap_ci, parse_accept, run_diff
+from tracekit.errors import TracekitError
+
+TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
+EAGER = sample("gpu_prefill_decode_eager.json.gz")
+GRAPH = sample("gpu_prefill_decode_cudagraph.json.gz")
+
+_DOCS: dict = {}
+
+
+def diff(base, cand, **kw):
+    key = (str(base), str(cand), tuple(sorted((k, str(v)) for k, v in kw.items())))
+    if key not in _DOCS:
+        _DOCS[key] = run_diff([base], [cand], **kw)
+    return _DOCS[key]
+
+
+def hta_pair():
+    return corpus("hta__trace_diff__control.json.gz"), corpus("hta__trace_diff__test.json.gz")
+
+
+def run(*args):
+    return subprocess.run([TRACEKIT, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def assert_one_line_error(proc, *fragments):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    for frag in fragments:
+        assert frag in lines[0]
+
+
+def _scopes(doc):
+    yield "step", doc["delta"]["step"]["delta_ns"], doc["contributors"], doc["unexplained_ns"]
+    for name, p in doc["delta"]["phases"].items():
+        yield name, p["delta_ns"], p["contributors"], p["unexplained_ns"]
+
+
+@pytest.mark.parametrize("pair", ["graph", "hta"])
+def test_contributors_plus_unexplained_add_up_to_the_delta(pair):
+    base, cand = (EAGER, GRAPH) if pair == "graph" else hta_pair()
+    doc = diff(base, cand)
+    for scope, delta, contributors, unexplained in _scopes(doc):
+        total = sum(c["delta_ns"] for c in contributors) + unexplained
+        assert abs(total - delta) <= len(contributors) + 1, scope  # each term rounded to 1 ns
+        ranked = [abs(c["delta_ns"]) for c in contributors]
+        assert ranked == sorted(ranked, reverse=True)
+    # with every term listed, nothing stays unexplained: busy + idle is the window time
+    full = diff(base, cand, top=100_000)
+    assert full["contributors_total"] == len(full["contributors"])
+    assert abs(full["unexplained_ns"]) <= len(full["contributors"]) + 1
+    step = full["delta"]["step"]
+    for side in ("baseline", "candidate"):
+        s = step[side]
+        assert s["gpu_busy_ns"] + s["gpu_idle_ns"] == pytest.approx(s["time_ns"], abs=2)
+
+
+def test_self_diff_is_zero_within_noise_and_passes():
+    doc = diff(EAGER, EAGER, accept=("step_time <= +0%", "idle == +0ns", "phase:decode <= +1%"))
+    assert doc["delta"]["step"]["delta_ns"] == 0
+    assert doc["delta"]["end_to_end"]["delta_ns"] == 0
+    assert all(p["delta_ns"] == 0 for p in doc["delta"]["phases"].values())
+    assert all(c["delta_ns"] == 0 for c in doc["contributors"])
+    assert doc["unexplained_ns"] == 0
+    assert doc["noise"]["within_noise"] is True
+    lo, hi = doc["noise"]["ci95_delta_ns"]
+    assert lo <= 0 <= hi
+    assert doc["passed"] and all(a["passed"] for a in doc["acceptance"])
+
+
+def test_cudagraph_decode_speedup_is_idle_time_and_prefill_gpu_work_unchanged():
+    doc = diff(EAGER, GRAPH)
+    assert doc["steps"]["name"] == "decode_step" and doc["steps"]["baseline"] == doc["steps"]["candidate"] > 1
+    decode, prefill = doc["delta"]["phases"]["decode"], doc["delta"]["phases"]["prefill"]
+    assert decode["candidate"]["time_ns"] < 0.5 * decode["baseline"]["time_ns"]
+    top = doc["contributors"][0]
+    assert top["category"] == "idle" and top["cause"] == "host_launch"
+    assert sum(c["share"] for c in doc["contributors"] if c["category"] == "idle") > 0.9
+    # fewer host launches per step is where the idle went
+    assert top["detail"]["candidate"]["runtime_calls"] < top["detail"]["baseline"]["runtime_calls"] / 2
+    assert doc["noise"]["within_noise"] is False
+    assert doc["noise"]["phases"]["decode"]["within_noise"] is False
+    assert doc["noise"]["phases"]["prefill"]["within_noise"] is None  # one prefill per side
+    base_busy, cand_busy = prefill["baseline"]["gpu_busy_ns"], prefill["candidate"]["gpu_busy_ns"]
+    assert abs(cand_busy - base_busy) < 0.1 * base_busy
+
+
+def test_hta_pair_profiler_steps_and_a_real_slowdown():
+    doc = diff(*hta_pair())
+    assert doc["steps"]["source"] == "ProfilerStep#N"
+    assert doc["steps"]["baseline"] == len(doc["steps"]["per_step_ns"]["baseline"]) > 1
+    assert doc["delta"]["step"]["delta_ns"] > 0
+    assert doc["noise"]["within_noise"] is False
+    assert doc["baseline"]["runs"][0]["rank"] != doc["candidate"]["runs"][0]["rank"]
+    assert {c["category"] for c in doc["contributors"]} & {"kernel", "memcpy"}
+    for key in ("kernel_families", "ops", "threads", "streams"):
+        assert doc["by"][key]
+
+
+def test_step_option_and_missing_step():
+    doc = diff(EAGER, GRAPH, step="prefill")
+    assert doc["steps"]["baseline"] == doc["steps"]["candidate"] == 1
+    assert doc["noise"]["within_noise"] is None  # one step per side: no spread
+    with pytest.raises(TracekitError, match="no such annotation"):
+        run_diff([EAGER], [GRAPH], step="nope")
+
+
+def test_accept_parsing():
+    assert parse_accept("step_time <= +5%") == {
+        "expr": "step_time <= +5%", "metric": "step_time", "op": "<=", "threshold": 5.0, "mode": "relative"
+    }  # fmt: skip
+    assert parse_accept("idle < -2ms")["threshold"] == -2e6
+    assert parse_accept("idle < -2ms")["mode"] == "absolute_change"
+    assert parse_accept("gpu_util >= 0.5")["mode"] == "value"
+    assert parse_accept("step_p50 < 2ms")["metric"] == "step_p50"
+    assert parse_accept("kernel:gemm<=1.5us")["threshold"] == 1500
+    for bad in ("step_time", "speed <= 5%", "step_time ~ 5%", "kernel <= 5%", "step_time <= 5 parsecs"):
+        with pytest.raises(TracekitError):
+            parse_accept(bad)
+
+
+def test_acceptance_verdicts_measure_the_metric():
+    doc = diff(
+        EAGER, GRAPH, accept=("step_time <= -50%", "step_time > +0%", "launches >= 1", "kernel:elementwise < +50%")
+    )
+    verdicts = {a["expr"]: a for a in doc["acceptance"]}
+    assert verdicts["step_time <= -50%"]["passed"] is True
+    assert verdicts["step_time > +0%"]["passed"] is False
+    assert verdicts["step_time <= -50%"]["delta_pct"] == doc["delta"]["step"]["delta_pct"]
+    assert verdicts["launches >= 1"]["passed"] is True
+    assert verdicts["kernel:elementwise < +50%"]["baseline"] > 0
+    assert doc["passed"] is False
+
+
+def test_bootstrap_is_deterministic_and_brackets_the_delta():
+    a, b = [100, 110, 90, 105, 95], [200, 210, 190, 205, 195]
+    ci = bootstrap_ci(a, b)
+    assert ci == bootstrap_ci(a, b)
+    assert ci[0] <= 100 <= ci[1] and ci[0] > 0
+    assert bootstrap_ci([1], b) is None
+
+
+def test_cli_exit_codes_and_json_document(tmp_path):
+    ok = run("diff", EAGER, EAGER, "--accept", "step_time <= +5%", "-f", "json")
+    assert ok.returncode == 0, ok.stderr
+    doc = json.loads(ok.stdout)
+    for key in ("schema_version", "baseline", "candidate", "steps", "delta", "contributors", "unexplained_ns",
+                "acceptance", "noise"):  # fmt: skip
+        assert key in doc
+    assert set(doc["acceptance"][0]) >= {"expr", "metric", "baseline", "candidate", "delta", "delta_pct", "passed"}
+    fail = run("diff", "-b", EAGER, "-c", GRAPH, "--accept", "step_time >= +5%")
+    assert fail.returncode == 1 and "FAIL" in fail.stdout
+    md = run("diff", EAGER, GRAPH, "-f", "markdown")
+    assert md.returncode == 0 and md.stdout.startswith("# tracekit diff")
+    assert_one_line_error(run("diff", EAGER), "BASELINE CANDIDATE")
+    assert_one_line_error(run("diff", EAGER, GRAPH, EAGER), "2 traces")
+    assert_one_line_error(run("diff", EAGER, GRAPH, "--accept", "step_time <= fast"), "--accept")
+    assert_one_line_error(run("diff", EAGER, GRAPH, "--accept", "phase:nope <= +1%"), "phase")
+    assert_one_line_error(run("diff", EAGER, GRAPH, "--step", "nope"), "nope")
+    assert_one_line_error(run("diff", EAGER, tmp_path / "missing.json.gz"), "missing.json.gz")
+    assert_one_line_error(run("diff", EAGER, "-c", GRAPH), "not both")
+
+
+def test_analyze_with_baseline():
+    doc = json.loads(run("analyze", GRAPH, "--baseline", EAGER, "-f", "json").stdout)
+    assert doc["findings"] is not None and doc["diff"]["delta"]["step"]["delta_ns"] < 0
+    assert [r["label"] for r in doc["runs"]] == ["gpu_prefill_decode_cudagraph"]  # the rules see the candidate only
+    failing = run("analyze", GRAPH, "--baseline", EAGER, "--accept", "step_time >= +0%")
+    assert failing.returncode == 1 and "Acceptance" in failing.stdout
+    assert run("analyze", GRAPH, "--baseline", EAGER, "--accept", "step_time <= +0%").returncode == 0
+    assert_one_line_error(run("analyze", GRAPH, "--accept", "step_time <= +0%"), "--baseline")
+
+
+def test_help_lists_every_metric():
+    from tracekit.cli import _ACCEPT_HELP
+    from tracekit.diff import METRICS
+
+    for metric in METRICS:
+        assert metric.split(":")[0] in _ACCEPT_HELP
