@@ -84,7 +84,11 @@ def check(con, params, ctx):
             continue
         growth = t["inst_max_grid"] / t["inst_min_grid"]
         dram_change = abs(t["dram_max_grid"] - t["dram_min_grid"]) / max(t["dram_min_grid"], 1)
-        if growth < params["min_growth"] or dram_change > params["max_dram_change"] or (t["r2"] or 0) < params["min_r2"]:
+        if (
+            growth < params["min_growth"]
+            or dram_change > params["max_dram_change"]
+            or (t["r2"] or 0) < params["min_r2"]
+        ):
             continue
         yield _finding(ctx, params, t, growth, dram_change)
 
@@ -107,11 +111,12 @@ def _finding(ctx, params, t, growth, dram_change):
     else:
         saving = 0
         sol = (
-            f"SM {t['sm_pct']:.0f}%, memory {t['mem_pct']:.0f}% of peak" if t["sm_pct"] is not None else "no SOL metrics"
+            f"SM {t['sm_pct']:.0f}%, memory {t['mem_pct']:.0f}% of peak"
+            if t["sm_pct"] is not None
+            else "no SOL metrics"
         )
-        verdict = (
-            f"{bound}-bound ({sol}): fewer instructions are not expected to make it faster"
-            + (f"; its duration differs by only {spread:.0%} across the tilings" if spread is not None else "")
+        verdict = f"{bound}-bound ({sol}): fewer instructions are not expected to make it faster" + (
+            f"; its duration differs by only {spread:.0%} across the tilings" if spread is not None else ""
         )
     return Finding(
         rule="K001",

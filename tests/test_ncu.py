@@ -58,7 +58,9 @@ def test_wide_layout_with_units_row(tmp_path):
 
 def test_ingest_reconciles_and_fills_ncu_launches(fresh_db):
     ingest(fresh_db, [need(KDA), need(ESMM)])
-    logs = fresh_db.execute("SELECT format, events_read, events_ingested, events_skipped FROM ingest_log ORDER BY run_id").fetchall()
+    logs = fresh_db.execute(
+        "SELECT format, events_read, events_ingested, events_skipped FROM ingest_log ORDER BY run_id"
+    ).fetchall()
     assert [f for f, *_ in logs] == ["ncu_csv", "ncu_csv"]
     assert all(read == ok + skipped for _, read, ok, skipped in logs)
     rows = fresh_db.execute("SELECT count(*) FROM ncu_metrics").fetchone()[0]

@@ -1,0 +1,152 @@
+"""H002 thread-starvation: a native op that holds the GIL starves another Python thread of the process.
+
+The project's own H200 traces (scripts/make_gil_traces.py) run the same workload twice: a C++
+3 ms wait inside record_function("deepep_like::intranode_dispatch") on the main thread, holding the
+GIL or releasing it, next to a `kv_transfer` thread. The reference experiment's traces (ctypes
+PyDLL/CDLL usleep, ../shared/reference/experiments/results) are checked the same way when present.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import tracekit.rules.thread_starvation  # noqa: F401  (registers H002 until it is in RULE_MODULES)
+from tests.conftest import ROOT, corpus, evidence, run_rule, sample
+from tracekit import db
+from tracekit.findings import json_schema
+from tracekit.ingest import ingest
+
+REFERENCE = Path(
+    os.environ.get("TRACEKIT_GIL_REFERENCE", ROOT.parent / "shared" / "reference" / "experiments" / "results")
+)
+OP = "deepep_like::intranode_dispatch"
+REF_OP = "deep_ep::intranode_dispatch(sim)"
+
+
+def reference(name: str) -> Path:
+    path = REFERENCE / name
+    if not path.exists():
+        pytest.skip(f"reference trace {name} not available at {REFERENCE}")
+    return path
+
+
+def check_evidence(con, f):
+    row = evidence(con, f)
+    column = f.extra["observed_column"]
+    # the evidence query recomputes the observed value exactly
+    assert row[column] == f.observed.value
+    jsonschema.validate(f.as_dict(), json_schema())
+    return row
+
+
+def test_gil_hold_starves_kv_transfer(loaded):
+    con = loaded(sample("gil_hold.json.gz"))
+    found, notes = run_rule(con, "H002")
+    assert notes == []
+    assert len(found) == 1
+    f = found[0]
+    assert f.severity in ("warning", "critical")
+    assert "kv_transfer" in f.locality["thread_name"] and "kv_transfer" in f.title
+    assert f.locality["op"] == OP and OP in f.title
+    # both threads are named: the starved one in the locality, the one holding the op in details
+    assert f.extra["window_thread"]["tid"] != f.locality["tid"]
+    window_thread = f.extra["window_thread"]["name"]  # "thread 417 (python3)"
+    assert window_thread and window_thread.split("(")[-1].rstrip(")") in f.title
+    assert "dispatch_hold" in (f.extra["native_call"] or "")
+    assert any("make_gil_traces.py" in frame for frame in f.locality["code_path"])
+    row = check_evidence(con, f)
+    assert f.extra["observed_column"] == "rate_ratio"
+    # starved inside, busy outside; nearly every window slower than the stretch before it
+    assert row["rate_in_per_ms"] < 0.2 * row["rate_out_per_ms"]
+    assert row["windows"] >= 10 and row["windows_slower"] > 0.9 * row["windows_paired"]
+    # its idle gaps end at the window edges far more often than by chance
+    assert row["handoff_share"] > 3 * row["handoff_expected"]
+    # its units of work that overlap a window take much longer than the others
+    assert row["unit_p50_in_ns"] > 5 * row["unit_p50_out_ns"]
+    assert f.extra["p_value"] < 1e-6
+    assert 0 < f.impact_ns <= row["window_total_ns"] and 0 < f.impact_share < 1
+    lo, hi = f.locality["window_ns"]
+    assert row["first_ns"] == lo and row["last_ns"] == hi and lo < hi
+    names = {
+        r[0]
+        for r in con.execute(
+            f"SELECT name FROM events WHERE event_id IN ({','.join(map(str, f.sample_event_ids))})"
+        ).fetchall()
+    }
+    assert names == {OP}
+
+
+def test_gil_release_is_not_reported(loaded):
+    con = loaded(sample("gil_release.json.gz"))
+    found, _ = run_rule(con, "H002")
+    assert found == []
+    # asked for the cleared pairs, it reports the same op and thread as info, with numbers
+    clear, _ = run_rule(con, "H002", report_clear=True)
+    assert len(clear) == 1 and clear[0].severity == "info"
+    f = clear[0]
+    assert f.locality["op"] == OP and "kv_transfer" in f.locality["thread_name"]
+    row = check_evidence(con, f)
+    assert row["rate_ratio"] > 0.8  # the acceptance check of the hold finding holds after the fix
+    assert f.extra["p_value"] > 0.001
+
+
+def test_same_problem_same_id_across_ingests_and_after_the_fix(loaded):
+    path = sample("gil_hold.json.gz")
+    first, _ = run_rule(loaded(path), "H002")
+    con = db.connect(None)
+    ingest(con, [path])
+    second, _ = run_rule(con, "H002")
+    assert [f.id for f in first] == [f.id for f in second]
+    # the released run's cleared pair keeps the id, so the fix can be tracked
+    clear, _ = run_rule(loaded(sample("gil_release.json.gz")), "H002", report_clear=True)
+    assert {f.id for f in clear} == {f.id for f in first}
+
+
+def test_thresholds_are_respected(loaded):
+    con = loaded(sample("gil_hold.json.gz"))
+    windows = evidence(con, run_rule(con, "H002")[0][0])["windows"]
+    assert run_rule(con, "H002", min_windows=windows + 1)[0] == []
+    assert run_rule(con, "H002", min_window_ns=10_000_000)[0] == []
+
+
+def test_reference_gil_hold_is_reported(loaded):
+    con = loaded(reference("gil_hold.json.gz"))
+    found, _ = run_rule(con, "H002")
+    assert len(found) == 1
+    f = found[0]
+    assert f.locality["op"] == REF_OP and f.severity in ("warning", "critical")
+    row = check_evidence(con, f)
+    # here the worker is starved everywhere (the main loop's Python also keeps the GIL), so the
+    # handoff test carries it: it only runs again right where the main thread enters a window
+    assert row["gaps_ending_at_window_edge"] >= 5
+    assert row["handoff_share"] > 3 * row["handoff_expected"]
+    assert f.extra["p_value"] < 0.001
+
+
+def test_reference_gil_release_is_not_reported(loaded):
+    con = loaded(reference("gil_release.json.gz"))
+    assert run_rule(con, "H002")[0] == []
+    clear, _ = run_rule(con, "H002", report_clear=True)
+    assert all(f.severity == "info" for f in clear)
+    assert all(f.locality["op"] == REF_OP for f in clear)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        lambda: sample("gpu_prefill_decode_eager.json.gz"),
+        lambda: sample("cpu_two_threads.json.gz"),
+        lambda: sample("gpu_tp2_rank0.json.gz"),
+        lambda: corpus("kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"),
+        lambda: corpus("hta__trace_diff__control.json.gz"),
+    ],
+)
+def test_quiet_without_a_starving_op(path, loaded):
+    found, _ = run_rule(loaded(path()), "H002", report_clear=True)
+    assert [f for f in found if f.severity != "info"] == []
+    found, _ = run_rule(loaded(path()), "H002")
+    assert found == []
