@@ -40,10 +40,11 @@ def plan(paths: list[Path]) -> list[tuple[int | None, list[int]]]:
     `analyze events.jsonl trace.json.gz` and `ingest r0.json.gz r0.jsonl r1.json.gz r1.jsonl` all
     do what they say.
     """
-    from tracekit.parsers import ncu_csv, runtime_events
+    from tracekit.parsers import ncu_csv, numerics_report, runtime_events
 
-    is_log = [runtime_events.is_runtime_log(p) for p in paths]
-    standalone = {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
+    numerics = {i for i, p in enumerate(paths) if numerics_report.is_numerics_path(p)}
+    is_log = [i not in numerics and runtime_events.is_runtime_log(p) for i, p in enumerate(paths)]
+    standalone = numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
     traces = [i for i, log in enumerate(is_log) if not log and i not in standalone]
     units: list[tuple[int | None, list[int]]] = []
     by_trace: dict[int, list[int]] = {}
@@ -80,11 +81,12 @@ def ingest(
 
     paths = [Path(p) for p in paths]
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
-    from tracekit.parsers import ncu_csv
+    from tracekit.parsers import ncu_csv, numerics_report
 
     units = plan(paths)
-    ncu = {t for t, _ in units if t is not None and ncu_csv.is_ncu_path(paths[t])}
-    traces = [t for t, _ in units if t is not None and t not in ncu]
+    numerics = {t for t, _ in units if t is not None and numerics_report.is_numerics_path(paths[t])}
+    ncu = {t for t, _ in units if t is not None and t not in numerics and ncu_csv.is_ncu_path(paths[t])}
+    traces = [t for t, _ in units if t is not None and t not in ncu and t not in numerics]
     results = []
     # zlib and copy_file_range release the GIL: the next trace is staged on the other core.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -99,6 +101,9 @@ def ingest(
                 logs = [_parse_log(paths[i], progress) for i in log_indexes]
                 if trace_index is None:
                     results.append(_ingest_log_run(con, logs[0], rank, label, tmpdir, started))
+                    continue
+                if trace_index in numerics:
+                    results.append(_ingest_numerics(con, paths[trace_index], rank, label, started, progress))
                     continue
                 if trace_index in ncu:
                     results.append(_ingest_ncu(con, paths[trace_index], rank, label, started, progress))
@@ -254,6 +259,60 @@ def _ingest_ncu(con, path: Path, rank, label, started, progress) -> IngestResult
             rank=run_rank,
         )
         _insert_log_row(con, result, {"layout": table.layout, "unit": "one metric value of one launch"})
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return result
+
+
+def _ingest_numerics(con, path: Path, rank, label, started, progress) -> IngestResult:
+    """A numerics report (CSV/JSON/JSONL/Parquet): a run of its own, with its errors in numerics."""
+    from tracekit.parsers import kineto, numerics_report
+
+    if progress:
+        progress(f"loading {path.name}")
+    table = numerics_report.read(path)
+    m = kineto.RANK_IN_NAME.search(path.name)
+    run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
+    notes = {
+        "unit": "one error metric of one check row",
+        "file_format": table.file_format,
+        "checks": table.checks,
+        "metrics": table.metrics,
+        "conditions": table.conditions,
+        "typed_conditions": table.typed,
+    }
+    run = {
+        "source": str(path),
+        "format": numerics_report.FORMAT,
+        "label": label or path.stem,
+        "rank": run_rank,
+        "world_size": None,
+        "rank_source": rank_source,
+        "device_properties": None,
+        "metadata": orjson.dumps(notes).decode(),
+        "base_time_ns": None,
+    }
+    skipped = sum(table.skipped.values())
+    con.execute("BEGIN TRANSACTION")
+    try:
+        run_id = dbmod.next_run_id(con)
+        numerics_report.load(con, table, run_id)
+        _insert_run(con, run_id, run)
+        result = IngestResult(
+            run_id=run_id,
+            source=str(path),
+            format=numerics_report.FORMAT,
+            bytes_read=path.stat().st_size,
+            events_read=len(table.rows) + skipped,
+            events_ingested=len(table.rows),
+            events_skipped=skipped,
+            skipped_reasons=dict(table.skipped),
+            seconds=time.perf_counter() - started,
+            rank=run_rank,
+        )
+        _insert_log_row(con, result, notes)
     except BaseException:
         con.execute("ROLLBACK")
         raise

@@ -13,7 +13,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-RULE_MODULES = ("comm_overlap", "gpu_idle", "host_sync", "launch_bound", "repeated_tile_work", "thread_starvation")
+RULE_MODULES = (
+    "comm_overlap",
+    "duplicate_launches",
+    "gpu_idle",
+    "host_sync",
+    "launch_bound",
+    "numerics_drift",
+    "repeated_tile_work",
+    "thread_starvation",
+)
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,21 @@ CREATE TABLE IF NOT EXISTS ncu_metrics (
     speedup_type VARCHAR,
     speedup VARCHAR
 );
+
+-- Numerics (correctness) reports (parsers/numerics_report.py): one row per (check row, error metric).
+CREATE TABLE IF NOT EXISTS numerics (
+    run_id INTEGER,
+    row_index INTEGER,
+    metric VARCHAR,
+    value DOUBLE,
+    conditions JSON,
+    precision VARCHAR,
+    dtype VARCHAR,
+    variant VARCHAR,
+    seq_len BIGINT,
+    partitions INTEGER,
+    other_conditions VARCHAR
+);
 """
 
 VIEWS_DDL = """
@@ -260,7 +275,7 @@ SELECT run_id, launch_id, kernel, grid, block, device, stream, duration_ns, sm_p
 FROM m;
 """
 
-PUBLIC_TABLES = ("runs", "processes", "threads", "streams", "ingest_log", "ncu_metrics")
+PUBLIC_TABLES = ("runs", "processes", "threads", "streams", "ingest_log", "ncu_metrics", "numerics")
 PUBLIC_VIEWS = (
     "ncu_launches",
     "events",

@@ -1,0 +1,206 @@
+"""K002 repeated-launches: no real trace (the project's H200 runs or the corpus) has a steady-state
+repeat outside the exempt families, so the positive case is a minimal synthetic Kineto trace (a
+custom op launching one kernel N times per call, every step) next to its healthy twin, CUDA-graph
+replays, a _foreach op, a warm-up search, and launches that differ in grid."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+import tracekit.rules.duplicate_launches  # noqa: F401  (registers K002 until RULE_MODULES lists it)
+from tests.conftest import CORPUS, evidence, run_rule, sample
+from tracekit import db
+from tracekit.findings import json_schema
+from tracekit.ingest import ingest
+
+KINETO_FILES = sorted(p.name for p in CORPUS.glob("*.json*")) if CORPUS.exists() else []
+
+OP = "mylib::rope_cache"
+KERNEL = "rope_table_kernel(float*, int)"
+SHAPES = [[4096, 64]]
+
+
+class TraceBuilder:
+    """Kineto events: one host thread (pid 100, tid 100), one GPU stream (device 0, stream 7)."""
+
+    def __init__(self):
+        self.events = [
+            {"ph": "M", "name": "thread_name", "pid": 100, "tid": 100, "args": {"name": "MainThread"}},
+        ]
+        self.ext = 1000
+        self.corr = 1
+        self.gpu_t = 0.0
+
+    def _kernel(self, name, corr, ext, ts, dur, grid, block):
+        self.gpu_t = max(self.gpu_t, ts + 5)
+        self.events.append(
+            {
+                "ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": self.gpu_t, "dur": dur,
+                "args": {
+                    "device": 0, "stream": 7, "correlation": corr, "External id": ext, "grid": grid,
+                    "block": block, "shared memory": 0, "registers per thread": 32,
+                },
+            }
+        )  # fmt: skip
+        self.gpu_t += dur + 1
+
+    def op(self, ts, name, launches, kernel=KERNEL, dur=100.0, grids=None, shapes=SHAPES, graph=False):
+        """A cpu_op at ts (us) whose body launches `launches` kernels (one cudaGraphLaunch replaying
+        them all when graph is set); returns the op's end."""
+        self.ext += 1
+        ext = self.ext
+        calls = 1 if graph else launches
+        end = ts + 10 + calls * 10
+        self.events.append(
+            {
+                "ph": "X", "cat": "cpu_op", "name": name, "pid": 100, "tid": 100, "ts": ts, "dur": end - ts,
+                "args": {"External id": ext, "Input Dims": shapes, "Input type": ["float"] * len(shapes)},
+            }
+        )  # fmt: skip
+        for i in range(calls):
+            corr = self.corr
+            self.corr += 1
+            call_ts = ts + 5 + i * 10
+            self.events.append(
+                {
+                    "ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch" if graph else "cudaLaunchKernel",
+                    "pid": 100, "tid": 100, "ts": call_ts, "dur": 5, "args": {"correlation": corr, "External id": ext},
+                }
+            )  # fmt: skip
+            for j in range(launches if graph else 1):
+                grid = (grids or [[64, 1, 1]] * launches)[j if graph else i]
+                self._kernel(kernel, corr, ext, call_ts + 6, dur, grid, [256, 1, 1])
+        return end
+
+    def write(self, path):
+        path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": self.events}))
+        return path
+
+
+def build(tmp_path, name, repeats=4, steps=6, extra=None):
+    """`steps` steps, each calling OP once with `repeats` identical launches, then `extra(b, t, step)`."""
+    b = TraceBuilder()
+    t = 0.0
+    for step in range(steps):
+        start = t
+        t = b.op(t, OP, repeats) + 20
+        if extra:
+            t = extra(b, t, step) + 20
+        b.events.append(
+            {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 100, "tid": 100,
+             "ts": start - 1, "dur": t - start + 2, "args": {}}
+        )  # fmt: skip
+        t = max(t, b.gpu_t) + 50
+    return b.write(tmp_path / f"{name}.json")
+
+
+def load(path):
+    con = db.connect(None)
+    ingest(con, [path])
+    return con
+
+
+def k002(con, **params):
+    return run_rule(con, "K002", cache=False, **params)
+
+
+def test_repeated_launches_in_one_op_call_are_found(tmp_path):
+    con = load(build(tmp_path, "repeat", repeats=4))
+    found, notes = k002(con)
+    assert notes == []
+    assert len(found) == 1
+    f = found[0]
+    assert f.rule == "K002"
+    assert f.locality["op"] == OP
+    assert f.locality["kernel"] == KERNEL
+    assert json.loads(f.locality["input_shapes"]) == SHAPES
+    assert f.locality["launch"]["grid"] == "[64,1,1]" and f.locality["launch"]["block"] == "[256,1,1]"
+    assert f.locality["thread_name"] == "MainThread" and f.locality["stream"] == 7
+    row = evidence(con, f)
+    # the evidence query recomputes the observed repeat time exactly
+    assert row["repeat_ns"] == f.observed.value == f.impact_ns
+    steps, per_call = row["occurrences_with_repeats"], row["launches"] // row["occurrences_with_repeats"]
+    assert per_call == 4 and row["repeated_launches"] == steps * (per_call - 1)
+    # all but one copy: with equal kernels the repeats are (n-1)/n of the op's GPU time
+    assert f.extra["repeat_share_of_op_gpu_time"] == pytest.approx((per_call - 1) / per_call, abs=1e-3)
+    kernel_ns = con.execute("SELECT sum(dur_ns) FROM kernels WHERE name = ?", [KERNEL]).fetchone()[0]
+    assert 0 < f.observed.value < kernel_ns == row["op_gpu_ns"]
+    assert 0 < f.impact_share < 1
+    sample_ids = {r[0] for r in con.execute("SELECT event_id FROM kernels WHERE name = ?", [KERNEL]).fetchall()}
+    assert set(f.sample_event_ids) <= sample_ids and len(f.sample_event_ids) == per_call
+    jsonschema.validate(f.as_dict(), json_schema())
+    # a longer run of the same code keeps the finding's id (no timings in it)
+    found_longer, _ = k002(load(build(tmp_path, "repeat_longer", repeats=4, steps=9)))
+    assert [g.id for g in found_longer] == [f.id]
+
+
+def test_healthy_twin_with_one_launch_per_call_is_quiet(tmp_path):
+    con = load(build(tmp_path, "healthy", repeats=1))
+    assert con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+    assert k002(con, min_share=0.0, min_occurrences=1, min_occurrence_share=0.0)[0] == []
+
+
+def test_fixed_trace_evidence_drops_to_zero(tmp_path):
+    before = load(build(tmp_path, "before", repeats=3))
+    (f,) = k002(before)[0]
+    after = load(build(tmp_path, "after", repeats=1))
+    row = evidence(after, f)
+    assert row["repeated_launches"] == 0 and row["repeat_ns"] == 0
+
+
+def _graph_replay(b, t, step):
+    return b.op(t, "mylib::decode_graph", 6, kernel="graph_body_kernel", graph=True)
+
+
+def _foreach(b, t, step):
+    return b.op(t, "aten::_foreach_mul_", 5, kernel="vectorized_elementwise_kernel<4, MulFunctor<float>>")
+
+
+def _warmup_search(b, t, step):
+    # cuDNN benchmark / Triton autotune style: the kernel repeats only the first time the shape is seen
+    return b.op(t, "mylib::autotuned_gemm", 8 if step == 0 else 1, kernel="gemm_kernel_cfg3", dur=400.0)
+
+
+def _different_grids(b, t, step):
+    grids = [[64, 1, 1], [32, 1, 1], [16, 1, 1], [8, 1, 1]]
+    return b.op(t, "mylib::pyramid", 4, kernel="downsample_kernel", grids=grids)
+
+
+@pytest.mark.parametrize("extra", [_graph_replay, _foreach, _warmup_search, _different_grids])
+def test_legitimate_repeats_are_quiet(tmp_path, extra):
+    con = load(build(tmp_path, extra.__name__, repeats=1, extra=extra))
+    other = con.execute("SELECT count(*) FROM kernels WHERE name <> ?", [KERNEL]).fetchone()[0]
+    assert other >= 5
+    assert k002(con, min_share=0.0)[0] == []
+
+
+def test_foreach_is_exempt_only_through_skip_ops(tmp_path):
+    con = load(build(tmp_path, "foreach", repeats=1, extra=_foreach))
+    found, _ = k002(con, min_share=0.0, skip_ops="")
+    assert [f.locality["op"] for f in found] == ["aten::_foreach_mul_"]
+
+
+def test_thresholds_are_respected(tmp_path):
+    con = load(build(tmp_path, "thresholds", repeats=4, steps=6))
+    (f,) = k002(con)[0]
+    steps = evidence(con, f)["occurrences_with_repeats"]
+    assert k002(con, min_occurrences=steps + 1)[0] == []
+    assert k002(con, min_share=f.impact_share + 0.01)[0] == []
+    assert k002(con, skip_kernels="rope_table")[0] == []
+
+
+@pytest.mark.parametrize("name", ["gpu_prefill_decode_eager.json.gz", "gpu_prefill_decode_cudagraph.json.gz"])
+def test_quiet_on_h200_samples(name, loaded):
+    found, notes = run_rule(loaded(sample(name)), "K002")
+    assert found == [] and notes == []
+
+
+@pytest.mark.parametrize("name", KINETO_FILES)
+def test_no_crash_and_quiet_on_corpus(name, loaded):
+    found, notes = run_rule(loaded(CORPUS / name), "K002")
+    # the corpus's repeats are radix-sort passes, per-tensor layout transforms and cuDNN benchmark searches
+    assert found == []
+    assert all("failed" not in n.message for n in notes)
