@@ -72,34 +72,36 @@ def _file_format(path: Path) -> str | None:
     return None
 
 
-def is_numerics_path(path: Path) -> bool:
-    """A report judged by suffix and header: some column name contains `err`; never raises.
-    Nsight Compute CSVs, Kineto traces (`ph`/`traceEvents`) and runtime logs (`ts_ns`) are not."""
+def is_numerics_path(path: Path, metrics: tuple[str, ...] = ()) -> bool:
+    """A report judged by suffix and header: some column is an error metric (its name contains
+    `err`, or is one of `metrics`); never raises. Nsight Compute CSVs, Kineto traces
+    (`ph`/`traceEvents`) and runtime logs (`ts_ns`) are not."""
     path = Path(path)
+    is_metric = lambda name: _is_metric(name, metrics) if metrics else "err" in name.lower()  # noqa: E731
     fmt = _file_format(path)
     if fmt is None:
         return False
     try:
         if fmt == "parquet":
-            return any("err" in c.lower() for c in _columns(path, fmt))
+            return any(is_metric(c) for c in _columns(path, fmt))
         with open(path, "rb") as f:
             head = f.read(1 << 16).decode("utf-8", "ignore")
         if fmt == "csv":
             first = next((line for line in head.splitlines() if line.strip()), "")
             if '"Kernel Name"' in head or first.startswith("=="):
                 return False
-            return any("err" in c.strip().strip('"').lower() for c in first.split(","))
+            return any(is_metric(c.strip().strip('"')) for c in first.split(","))
         if fmt == "jsonl":
             first = next((line for line in head.splitlines() if line.strip()), "")
             obj = json.loads(first)
-            return isinstance(obj, dict) and "ts_ns" not in obj and any("err" in k.lower() for k in obj)
+            return isinstance(obj, dict) and "ts_ns" not in obj and any(is_metric(k) for k in obj)
         # .json: an array of flat objects; traces are objects, or arrays of events with "ph".
         # Only the first object is decoded, from the head: a large trace is never read whole.
         text = head.lstrip()
         if not text.startswith("["):
             return False
         first, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
-        return isinstance(first, dict) and "ph" not in first and any("err" in k.lower() for k in first)
+        return isinstance(first, dict) and "ph" not in first and any(is_metric(k) for k in first)
     except Exception:
         return False
 

@@ -210,3 +210,23 @@ def test_cli_analyze_returns_the_finding():
     assert any("grows with seq_len" in f["title"] for f in n001)
     assert any("TF32 signature" in f["title"] for f in n001)
     assert doc["runs"] and not [n for n in doc["data_quality"] if n["rule"] == "N001"]
+
+
+def test_metric_option_names_error_columns_without_err(tmp_path):
+    import json as _json
+    import subprocess
+    import sys
+    from pathlib import Path as _Path
+
+    report = tmp_path / "checks.csv"
+    report.write_text("precision,seq_len,deviation\ntf32,256,0.001\ntf32,1024,0.004\ntf32,4096,0.016\n")
+    exe = str(_Path(sys.executable).with_name("tracekit"))
+    plain = subprocess.run([exe, "ingest", report, "--db", tmp_path / "a.duckdb"], capture_output=True, text=True)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr  # no `err` column: not a report
+    named = subprocess.run(
+        [exe, "ingest", report, "--db", tmp_path / "b.duckdb", "--metric", "deviation", "-f", "json"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert named.returncode == 0, named.stderr
+    (row,) = _json.loads(named.stdout)
+    assert row["events_ingested"] == 3 and row["events_read"] == 3

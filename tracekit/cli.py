@@ -83,12 +83,12 @@ def _open_db(path: str | None, must_exist: bool = False):
         raise TracekitError(f"{path}: cannot open as a tracekit database ({str(e).splitlines()[0]})") from None
 
 
-def _ingest(con, traces, rank, labels):
+def _ingest(con, traces, rank, labels, metrics=()):
     from .ingest import ingest
 
     bar, progress = _progress(len(traces))
     try:
-        return ingest(con, list(traces), rank=rank, labels=list(labels) or None, progress=progress)
+        return ingest(con, list(traces), rank=rank, labels=list(labels) or None, progress=progress, metrics=metrics)
     finally:
         if bar:
             bar.stop()
@@ -100,9 +100,13 @@ def _ingest(con, traces, rank, labels):
     "--db", "db_path", required=True, type=click.Path(dir_okay=False), help="DuckDB file to create or add to."
 )
 @click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
-@click.option("--label", "labels", multiple=True, help="Run label, once per trace (default: file name).")
+@click.option("--label", "labels", multiple=True, help="Run label, once per run (default: file name).")
+@click.option(
+    "--metric", "metrics", multiple=True, metavar="COLUMN",
+    help="Error column of a numerics report (repeatable; default: every column whose name contains 'err').",
+)  # fmt: skip
 @click.option("-f", "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
-def ingest(traces, db_path, rank, labels, fmt):
+def ingest(traces, db_path, rank, labels, metrics, fmt):
     """Load traces into a database; prints events read = ingested + skipped per file.
 
     \b
@@ -111,7 +115,7 @@ def ingest(traces, db_path, rank, labels, fmt):
     from .output.tables import emit_rows
 
     con = _open_db(db_path)
-    results = _ingest(con, traces, rank, labels)
+    results = _ingest(con, traces, rank, labels, metrics)
     con.close()
     cols = [
         "run_id",
@@ -192,6 +196,10 @@ def _coerce(value: str):
 @click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
 @click.option("--max-findings", type=int, default=25, show_default=True, help="Cap on findings in the report.")
 @click.option(
+    "--metric", "metrics", multiple=True, metavar="COLUMN",
+    help="Error column of a numerics report (repeatable; default: every column whose name contains 'err').",
+)  # fmt: skip
+@click.option(
     "--baseline", "baselines", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
     help="Baseline trace (repeatable): add a diff of TRACES against it (see `tracekit diff`).",
 )  # fmt: skip
@@ -203,7 +211,7 @@ def _coerce(value: str):
     metavar="EXPR",
     help="With --baseline: acceptance criterion (see `tracekit diff`).",
 )
-def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings, baselines, step, accepts):
+def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings, metrics, baselines, step, accepts):
     """Ingest traces (or open a .duckdb made by `ingest`), run the rules, print ranked findings.
 
     \b
@@ -240,7 +248,7 @@ def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings
             parse_accept(a)  # a bad criterion fails before any ingest
     con = _open_db(str(existing[0]) if existing else db_path, must_exist=bool(existing))
     if not existing:
-        _ingest(con, traces, rank, [])
+        _ingest(con, traces, rank, [], metrics)
     try:
         findings, notes = run_rules(con, select, overrides)
     except (KeyError, ValueError) as e:

@@ -31,7 +31,7 @@ class IngestResult:
         return dict(self.__dict__)
 
 
-def plan(paths: list[Path]) -> list[tuple[int | None, list[int]]]:
+def plan(paths: list[Path], metrics: tuple[str, ...] = ()) -> list[tuple[int | None, list[int]]]:
     """Group the inputs of one call into runs: (index of the trace, indexes of its runtime-event logs).
 
     A runtime-event log joins the run of the nearest trace before it in the call; a log that comes
@@ -42,7 +42,7 @@ def plan(paths: list[Path]) -> list[tuple[int | None, list[int]]]:
     """
     from tracekit.parsers import ncu_csv, numerics_report, runtime_events
 
-    numerics = {i for i, p in enumerate(paths) if numerics_report.is_numerics_path(p)}
+    numerics = {i for i, p in enumerate(paths) if numerics_report.is_numerics_path(p, metrics)}
     is_log = [i not in numerics and runtime_events.is_runtime_log(p) for i, p in enumerate(paths)]
     standalone = numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
     traces = [i for i, log in enumerate(is_log) if not log and i not in standalone]
@@ -72,6 +72,7 @@ def ingest(
     tmpdir: str | None = None,
     progress: Callable[[str], None] | None = None,
     align: bool = True,
+    metrics: tuple[str, ...] = (),
 ) -> list[IngestResult]:
     """Ingest trace files (and runtime-event logs, see plan) in order; one IngestResult per file.
 
@@ -83,8 +84,9 @@ def ingest(
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
     from tracekit.parsers import ncu_csv, numerics_report
 
-    units = plan(paths)
-    numerics = {t for t, _ in units if t is not None and numerics_report.is_numerics_path(paths[t])}
+    metrics = tuple(metrics)
+    units = plan(paths, metrics)
+    numerics = {t for t, _ in units if t is not None and numerics_report.is_numerics_path(paths[t], metrics)}
     ncu = {t for t, _ in units if t is not None and t not in numerics and ncu_csv.is_ncu_path(paths[t])}
     traces = [t for t, _ in units if t is not None and t not in ncu and t not in numerics]
     results = []
@@ -103,7 +105,7 @@ def ingest(
                     results.append(_ingest_log_run(con, logs[0], rank, label, tmpdir, started))
                     continue
                 if trace_index in numerics:
-                    results.append(_ingest_numerics(con, paths[trace_index], rank, label, started, progress))
+                    results.append(_ingest_numerics(con, paths[trace_index], rank, label, started, progress, metrics))
                     continue
                 if trace_index in ncu:
                     results.append(_ingest_ncu(con, paths[trace_index], rank, label, started, progress))
@@ -222,59 +224,25 @@ def _ingest_log_run(con, log, rank, label, tmpdir, started) -> IngestResult:
 
 def _ingest_ncu(con, path: Path, rank, label, started, progress) -> IngestResult:
     """An Nsight Compute CSV: a run of its own, with its metrics in ncu_metrics."""
-    from tracekit.parsers import kineto, ncu_csv
+    from tracekit.parsers import ncu_csv
 
     if progress:
         progress(f"loading {path.name}")
     table = ncu_csv.read(path)
-    m = kineto.RANK_IN_NAME.search(path.name)
-    run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
-    run = {
-        "source": str(path),
-        "format": ncu_csv.FORMAT,
-        "label": label or path.name.removesuffix(".gz").removesuffix(".csv"),
-        "rank": run_rank,
-        "world_size": None,
-        "rank_source": rank_source,
-        "device_properties": None,
-        "metadata": orjson.dumps({"layout": table.layout}).decode(),
-        "base_time_ns": None,
-    }
-    skipped = sum(table.skipped.values())
-    con.execute("BEGIN TRANSACTION")
-    try:
-        run_id = dbmod.next_run_id(con)
-        ncu_csv.load(con, table, run_id)
-        _insert_run(con, run_id, run)
-        result = IngestResult(
-            run_id=run_id,
-            source=str(path),
-            format=ncu_csv.FORMAT,
-            bytes_read=path.stat().st_size,
-            events_read=len(table.rows) + skipped,
-            events_ingested=len(table.rows),
-            events_skipped=skipped,
-            skipped_reasons=dict(table.skipped),
-            seconds=time.perf_counter() - started,
-            rank=run_rank,
-        )
-        _insert_log_row(con, result, {"layout": table.layout, "unit": "one metric value of one launch"})
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
-    return result
+    return _standalone_run(
+        con, path, ncu_csv.FORMAT, rank, label or path.name.removesuffix(".gz").removesuffix(".csv"), started,
+        rows=len(table.rows), skipped=dict(table.skipped), load=lambda run_id: ncu_csv.load(con, table, run_id),
+        notes={"layout": table.layout, "unit": "one metric value of one launch"}, metadata={"layout": table.layout},
+    )  # fmt: skip
 
 
-def _ingest_numerics(con, path: Path, rank, label, started, progress) -> IngestResult:
+def _ingest_numerics(con, path: Path, rank, label, started, progress, metrics=()) -> IngestResult:
     """A numerics report (CSV/JSON/JSONL/Parquet): a run of its own, with its errors in numerics."""
-    from tracekit.parsers import kineto, numerics_report
+    from tracekit.parsers import numerics_report
 
     if progress:
         progress(f"loading {path.name}")
-    table = numerics_report.read(path)
-    m = kineto.RANK_IN_NAME.search(path.name)
-    run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
+    table = numerics_report.read(path, metrics)
     notes = {
         "unit": "one error metric of one check row",
         "file_format": table.file_format,
@@ -283,32 +251,46 @@ def _ingest_numerics(con, path: Path, rank, label, started, progress) -> IngestR
         "conditions": table.conditions,
         "typed_conditions": table.typed,
     }
+    return _standalone_run(
+        con, path, numerics_report.FORMAT, rank, label or path.stem, started,
+        rows=len(table.rows), skipped=dict(table.skipped), load=lambda run_id: numerics_report.load(con, table, run_id),
+        notes=notes, metadata=notes,
+    )  # fmt: skip
+
+
+def _standalone_run(con, path: Path, fmt: str, rank, label: str, started: float, *, rows: int, skipped: dict,
+                    load: Callable[[int], None], notes: dict, metadata: dict) -> IngestResult:  # fmt: skip
+    """A report that is a run of its own (no events): its rows, runs row and ingest log in one transaction."""
+    from tracekit.parsers import kineto
+
+    m = kineto.RANK_IN_NAME.search(path.name)
+    run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
     run = {
         "source": str(path),
-        "format": numerics_report.FORMAT,
-        "label": label or path.stem,
+        "format": fmt,
+        "label": label,
         "rank": run_rank,
         "world_size": None,
         "rank_source": rank_source,
         "device_properties": None,
-        "metadata": orjson.dumps(notes).decode(),
+        "metadata": orjson.dumps(metadata).decode(),
         "base_time_ns": None,
     }
-    skipped = sum(table.skipped.values())
+    n_skipped = sum(skipped.values())
     con.execute("BEGIN TRANSACTION")
     try:
         run_id = dbmod.next_run_id(con)
-        numerics_report.load(con, table, run_id)
+        load(run_id)
         _insert_run(con, run_id, run)
         result = IngestResult(
             run_id=run_id,
             source=str(path),
-            format=numerics_report.FORMAT,
+            format=fmt,
             bytes_read=path.stat().st_size,
-            events_read=len(table.rows) + skipped,
-            events_ingested=len(table.rows),
-            events_skipped=skipped,
-            skipped_reasons=dict(table.skipped),
+            events_read=rows + n_skipped,
+            events_ingested=rows,
+            events_skipped=n_skipped,
+            skipped_reasons=skipped,
             seconds=time.perf_counter() - started,
             rank=run_rank,
         )
