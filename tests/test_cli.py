@@ -127,7 +127,8 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
     position = text.index('"ts": 2')
     assert_one_line_error(run("analyze", malformed), str(malformed), f"byte {position}:")
 
-    wrong = corpus("pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite")
+    wrong = tmp_path / "w.bin"  # (an nsys SQLite export is an input since tests/test_nsys.py)
+    wrong.write_bytes(b"PK\x03\x04 not a trace\x00\x01")
     assert_one_line_error(run("analyze", wrong), str(wrong), "expected a JSON object or array")
 
     no_events = tmp_path / "n.json"

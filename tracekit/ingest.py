@@ -40,11 +40,12 @@ def plan(paths: list[Path], metrics: tuple[str, ...] = ()) -> list[tuple[int | N
     `analyze events.jsonl trace.json.gz` and `ingest r0.json.gz r0.jsonl r1.json.gz r1.jsonl` all
     do what they say.
     """
-    from tracekit.parsers import ncu_csv, numerics_report, runtime_events
+    from tracekit.parsers import ncu_csv, nsys_sqlite, numerics_report, runtime_events
 
-    numerics = {i for i, p in enumerate(paths) if numerics_report.is_numerics_path(p, metrics)}
-    is_log = [i not in numerics and runtime_events.is_runtime_log(p) for i, p in enumerate(paths)]
-    standalone = numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
+    nsys = {i for i, p in enumerate(paths) if nsys_sqlite.is_nsys_path(p)}
+    numerics = {i for i, p in enumerate(paths) if i not in nsys and numerics_report.is_numerics_path(p, metrics)}
+    is_log = [i not in numerics | nsys and runtime_events.is_runtime_log(p) for i, p in enumerate(paths)]
+    standalone = nsys | numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
     traces = [i for i, log in enumerate(is_log) if not log and i not in standalone]
     units: list[tuple[int | None, list[int]]] = []
     by_trace: dict[int, list[int]] = {}
@@ -82,13 +83,16 @@ def ingest(
 
     paths = [Path(p) for p in paths]
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
-    from tracekit.parsers import ncu_csv, numerics_report
+    from tracekit.parsers import ncu_csv, nsys_sqlite, numerics_report
 
     metrics = tuple(metrics)
     units = plan(paths, metrics)
-    numerics = {t for t, _ in units if t is not None and numerics_report.is_numerics_path(paths[t], metrics)}
-    ncu = {t for t, _ in units if t is not None and t not in numerics and ncu_csv.is_ncu_path(paths[t])}
-    traces = [t for t, _ in units if t is not None and t not in ncu and t not in numerics]
+    nsys = {t for t, _ in units if t is not None and nsys_sqlite.is_nsys_path(paths[t])}
+    numerics = {
+        t for t, _ in units if t is not None and t not in nsys and numerics_report.is_numerics_path(paths[t], metrics)
+    }
+    ncu = {t for t, _ in units if t is not None and t not in numerics | nsys and ncu_csv.is_ncu_path(paths[t])}
+    traces = [t for t, _ in units if t is not None and t not in ncu | numerics | nsys]
     results = []
     # zlib and copy_file_range release the GIL: the next trace is staged on the other core.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -103,6 +107,9 @@ def ingest(
                 logs = [_parse_log(paths[i], progress) for i in log_indexes]
                 if trace_index is None:
                     results.append(_ingest_log_run(con, logs[0], rank, label, tmpdir, started))
+                    continue
+                if trace_index in nsys:
+                    results.append(_ingest_nsys(con, paths[trace_index], rank, label, started, progress))
                     continue
                 if trace_index in numerics:
                     results.append(_ingest_numerics(con, paths[trace_index], rank, label, started, progress, metrics))
@@ -234,6 +241,53 @@ def _ingest_ncu(con, path: Path, rank, label, started, progress) -> IngestResult
         rows=len(table.rows), skipped=dict(table.skipped), load=lambda run_id: ncu_csv.load(con, table, run_id),
         notes={"layout": table.layout, "unit": "one metric value of one launch"}, metadata={"layout": table.layout},
     )  # fmt: skip
+
+
+def _ingest_nsys(con, path: Path, rank, label, started, progress) -> IngestResult:
+    """An Nsight Systems SQLite export: a run of its own, mapped onto the Kineto kinds, then derived alike."""
+    from tracekit.parsers import kineto, nsys_sqlite
+
+    if progress:
+        progress(f"loading {path.name}")
+    export = nsys_sqlite.read(path)
+    m = kineto.RANK_IN_NAME.search(path.name)
+    run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
+    run = {
+        "source": str(path),
+        "format": nsys_sqlite.FORMAT,
+        "label": label or path.stem,
+        "rank": run_rank,
+        "world_size": None,
+        "rank_source": rank_source,
+        "device_properties": orjson.dumps(export.device_properties).decode() if export.device_properties else None,
+        "metadata": orjson.dumps(export.metadata, default=str).decode(),
+        "base_time_ns": None,
+    }
+    con.execute("BEGIN TRANSACTION")
+    try:
+        run_id = dbmod.next_run_id(con)
+        nsys_sqlite.load(con, export, run_id)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")  # derived steps wait for the commit: parent_id refers to rowids
+    read, skipped = sum(export.read.values()), sum(export.skipped.values())
+    con.execute("BEGIN TRANSACTION")
+    try:
+        kineto.fill_entities(con, run_id)
+        compute_nesting(con, run_id)
+        _insert_run(con, run_id, run)
+        result = IngestResult(
+            run_id=run_id, source=str(path), format=nsys_sqlite.FORMAT, bytes_read=path.stat().st_size,
+            events_read=read, events_ingested=read - skipped, events_skipped=skipped,
+            skipped_reasons=dict(export.skipped), seconds=time.perf_counter() - started, rank=run_rank,
+        )  # fmt: skip
+        _insert_log_row(con, result, export.notes)
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    con.execute("COMMIT")
+    return result
 
 
 def _ingest_numerics(con, path: Path, rank, label, started, progress, metrics=()) -> IngestResult:
