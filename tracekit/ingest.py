@@ -40,9 +40,9 @@ def plan(paths: list[Path], metrics: tuple[str, ...] = ()) -> list[tuple[int | N
     `analyze events.jsonl trace.json.gz` and `ingest r0.json.gz r0.jsonl r1.json.gz r1.jsonl` all
     do what they say.
     """
-    from tracekit.parsers import ncu_csv, nsys_sqlite, numerics_report, runtime_events
+    from tracekit.parsers import ncu_csv, nsys_sqlite, nsys_stats_csv, numerics_report, runtime_events
 
-    nsys = {i for i, p in enumerate(paths) if nsys_sqlite.is_nsys_path(p)}
+    nsys = {i for i, p in enumerate(paths) if nsys_sqlite.is_nsys_path(p) or nsys_stats_csv.is_nsys_stats_path(p)}
     numerics = {i for i, p in enumerate(paths) if i not in nsys and numerics_report.is_numerics_path(p, metrics)}
     is_log = [i not in numerics | nsys and runtime_events.is_runtime_log(p) for i, p in enumerate(paths)]
     standalone = nsys | numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
@@ -83,11 +83,14 @@ def ingest(
 
     paths = [Path(p) for p in paths]
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
-    from tracekit.parsers import ncu_csv, nsys_sqlite, numerics_report
+    from tracekit.parsers import ncu_csv, nsys_sqlite, nsys_stats_csv, numerics_report
 
     metrics = tuple(metrics)
     units = plan(paths, metrics)
-    nsys = {t for t, _ in units if t is not None and nsys_sqlite.is_nsys_path(paths[t])}
+    nsys = {
+        t for t, _ in units
+        if t is not None and (nsys_sqlite.is_nsys_path(paths[t]) or nsys_stats_csv.is_nsys_stats_path(paths[t]))
+    }  # fmt: skip
     numerics = {
         t for t, _ in units if t is not None and t not in nsys and numerics_report.is_numerics_path(paths[t], metrics)
     }
@@ -244,17 +247,19 @@ def _ingest_ncu(con, path: Path, rank, label, started, progress) -> IngestResult
 
 
 def _ingest_nsys(con, path: Path, rank, label, started, progress) -> IngestResult:
-    """An Nsight Systems SQLite export: a run of its own, mapped onto the Kineto kinds, then derived alike."""
-    from tracekit.parsers import kineto, nsys_sqlite
+    """An Nsight Systems SQLite export or `nsys stats` CSV trace report: a run of its own, mapped onto
+    the Kineto kinds, then derived alike."""
+    from tracekit.parsers import kineto, nsys_sqlite, nsys_stats_csv
 
     if progress:
         progress(f"loading {path.name}")
-    export = nsys_sqlite.read(path)
+    reader = nsys_stats_csv if nsys_stats_csv.is_nsys_stats_path(path) else nsys_sqlite
+    export = reader.read(path)
     m = kineto.RANK_IN_NAME.search(path.name)
     run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
     run = {
         "source": str(path),
-        "format": nsys_sqlite.FORMAT,
+        "format": reader.FORMAT,
         "label": label or path.stem,
         "rank": run_rank,
         "world_size": None,
@@ -278,7 +283,7 @@ def _ingest_nsys(con, path: Path, rank, label, started, progress) -> IngestResul
         compute_nesting(con, run_id)
         _insert_run(con, run_id, run)
         result = IngestResult(
-            run_id=run_id, source=str(path), format=nsys_sqlite.FORMAT, bytes_read=path.stat().st_size,
+            run_id=run_id, source=str(path), format=reader.FORMAT, bytes_read=path.stat().st_size,
             events_read=read, events_ingested=read - skipped, events_skipped=skipped,
             skipped_reasons=dict(export.skipped), seconds=time.perf_counter() - started, rank=run_rank,
         )  # fmt: skip
