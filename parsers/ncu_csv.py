@@ -192,15 +192,10 @@ def _read_wide(header: list[str], body: list[list[str]], table: NcuTable) -> Non
 
 
 def load(con, table: NcuTable, run_id: int) -> None:
-    """Insert parsed rows as run `run_id` (ncu files are small: row inserts are fine)."""
-    if not table.rows:
-        return
-    cols = ", ".join(("run_id",) + ROW_FIELDS)
-    marks = ", ".join("?" * (len(ROW_FIELDS) + 1))
-    con.executemany(
-        f"INSERT INTO ncu_metrics ({cols}) VALUES ({marks})",
-        [[run_id] + [_typed(k, r[k]) for k in ROW_FIELDS] for r in table.rows],
-    )
+    """Insert parsed rows as run `run_id`."""
+    from tracekit.db import insert_rows
+
+    insert_rows(con, "ncu_metrics", run_id, ROW_FIELDS, [[_typed(k, r[k]) for k in ROW_FIELDS] for r in table.rows])
 
 
 _INT_FIELDS = {"launch_id", "pid", "context", "stream", "device"}

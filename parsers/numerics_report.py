@@ -208,11 +208,6 @@ def _float(v) -> float | None:
 
 
 def load(con, table: NumericsTable, run_id: int) -> None:
-    if not table.rows:
-        return
-    cols = ", ".join(("run_id",) + ROW_FIELDS)
-    marks = ", ".join("?" * (len(ROW_FIELDS) + 1))
-    con.executemany(
-        f"INSERT INTO numerics ({cols}) VALUES ({marks})",
-        [[run_id] + [r[k] for k in ROW_FIELDS] for r in table.rows],
-    )
+    from tracekit.db import insert_rows
+
+    insert_rows(con, "numerics", run_id, ROW_FIELDS, [[r[k] for k in ROW_FIELDS] for r in table.rows])

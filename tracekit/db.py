@@ -49,3 +49,12 @@ def has_rows(con, relation: str, where: str = "TRUE") -> bool:
 def current_memory_hint(con) -> int:
     """Raw bytes already ingested into this database (for the memory cap of a further ingest)."""
     return con.execute("SELECT coalesce(sum(bytes_read), 0) FROM ingest_log").fetchone()[0]
+
+
+def insert_rows(con, table: str, run_id: int, fields: tuple[str, ...], rows: list[list]) -> None:
+    """Append rows (values in `fields` order) to a run's table; for the small tables reports fill."""
+    if not rows:
+        return
+    cols = ", ".join(("run_id",) + tuple(fields))
+    marks = ", ".join("?" * (len(fields) + 1))
+    con.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", [[run_id, *row] for row in rows])
