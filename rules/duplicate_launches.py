@@ -63,14 +63,18 @@ WITH RECURSIVE calls AS (
     SELECT runtime_event_id, any_value(runtime_name) AS runtime_name, any_value(external_id) AS external_id,
            count(*) AS gpu_work
     FROM launches WHERE run_id = $run_id GROUP BY runtime_event_id
+), nodes AS MATERIALIZED (
+    -- the host call tree of this run, read once: every step of the walk below joins this, not event_rows
+    SELECT rowid AS id, parent_id, kind = 'cpu_op' AND name NOT LIKE 'ProfilerStep#%' AS is_op
+    FROM event_rows WHERE run_id = $run_id AND ph = 'X' AND pid IS NOT NULL AND kind NOT IN (
+        'kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation', 'python_function')
 ), up(runtime_event_id, cur, hops) AS (
-    SELECT c.runtime_event_id, r.parent_id, 0 FROM calls c JOIN event_rows r ON r.rowid = c.runtime_event_id
+    SELECT c.runtime_event_id, r.parent_id, 0 FROM calls c JOIN nodes r ON r.id = c.runtime_event_id
     UNION ALL
-    SELECT u.runtime_event_id, p.parent_id, u.hops + 1 FROM up u JOIN event_rows p ON p.rowid = u.cur
-    WHERE NOT (p.kind = 'cpu_op' AND p.name NOT LIKE 'ProfilerStep#%') AND u.hops < 64
+    SELECT u.runtime_event_id, p.parent_id, u.hops + 1 FROM up u JOIN nodes p ON p.id = u.cur
+    WHERE NOT p.is_op AND u.hops < 64
 ), by_tree AS (
-    SELECT u.runtime_event_id, u.cur AS op_id FROM up u JOIN event_rows p ON p.rowid = u.cur
-    WHERE p.kind = 'cpu_op' AND p.name NOT LIKE 'ProfilerStep#%'
+    SELECT u.runtime_event_id, u.cur AS op_id FROM up u JOIN nodes p ON p.id = u.cur WHERE p.is_op
 ), by_external AS (
     SELECT external_id, min(event_id) AS op_id FROM cpu_ops
     WHERE run_id = $run_id AND external_id > 0 AND name NOT LIKE 'ProfilerStep#%'
