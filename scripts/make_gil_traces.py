@@ -28,17 +28,17 @@ Options: --iters N (default 120), --wait-us (default 3000), --out-dir DIR, --mod
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime as _dt
-import gzip
 import json
 import os
 import platform
-import shutil
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+# same helpers as the other sample-trace script (scripts/ is on sys.path when run as a script)
+from make_sample_traces import cpu_name, export_gz, set_os_thread_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "sample_traces"
@@ -78,23 +78,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 """
 
 
-def set_os_thread_name(name: str) -> None:
-    try:
-        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except Exception:  # pragma: no cover - best effort
-        pass
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def build_extension(build_dir: str):
     from torch.utils.cpp_extension import load_inline
 
@@ -106,17 +89,6 @@ def build_extension(build_dir: str):
         build_directory=build_dir,
         verbose=False,
     )
-
-
-def export_gz(prof, out_path: Path) -> int:
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="gil_") as td:
-        raw = Path(td) / out_path.name.removesuffix(".gz")
-        prof.export_chrome_trace(str(raw))
-        with open(raw, "rb") as fin, open(out_path, "wb") as fraw:
-            with gzip.GzipFile(filename=raw.name, mode="wb", fileobj=fraw, mtime=0, compresslevel=9) as fout:
-                shutil.copyfileobj(fin, fout)
-    return out_path.stat().st_size
 
 
 def run_mode(torch, ext, mode: str, args) -> dict:
