@@ -24,12 +24,13 @@ from __future__ import annotations
 import re
 import sqlite3
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
 from tracekit.errors import InputError
+
+from .rows import Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
 
 FORMAT = "nsys_sqlite"
 MAGIC = b"SQLite format 3\x00"
@@ -63,17 +64,6 @@ def is_nsys_path(path: Path) -> bool:
             return f.read(16) == MAGIC
     except OSError:
         return False
-
-
-@dataclass
-class Export:
-    source: Path
-    rows: list = field(default_factory=list)  # event_rows tuples without run_id
-    read: Counter = field(default_factory=Counter)  # table -> rows read
-    skipped: Counter = field(default_factory=Counter)  # reason -> rows
-    notes: dict = field(default_factory=dict)
-    device_properties: list | None = None
-    metadata: dict = field(default_factory=dict)
 
 
 def _pid(global_tid):
@@ -335,27 +325,4 @@ def _read(con, path: Path) -> Export:
 
     out.notes["rows_read"] = dict(out.read)
     return out
-
-
-BATCH = 500
-ROW_SQL = "(" + ", ".join(["?"] * 19) + ")"
-
-
-def load(con, export: Export, run_id: int) -> None:
-    """Insert the mapped rows as run `run_id`, in batches of one multi-row VALUES statement."""
-    rows = export.rows
-    for i in range(0, len(rows), BATCH):
-        chunk = rows[i : i + BATCH]
-        params = []
-        for r in chunk:
-            params.append(run_id)
-            params.extend(r)
-            params.extend((None, None))
-        con.execute(
-            "INSERT INTO event_rows SELECT col0::INTEGER, col1, col2, col3, col4, col5::BIGINT, col6::BIGINT, "
-            "col7::BIGINT, col8::BIGINT, col9, col10::INTEGER, col11::BIGINT, col12::BIGINT, col13::BIGINT, col14, "
-            "col15::JSON, col16::JSON, col17::BIGINT, col18::INTEGER FROM (VALUES "
-            + ", ".join([ROW_SQL] * len(chunk))
-            + ")",
-            params,
-        )
+detect = is_nsys_path  # the row-reader interface (tracekit.ingest.ROW_READERS)

@@ -18,7 +18,7 @@ import orjson
 
 from tracekit.errors import InputError
 
-from .nsys_sqlite import Export
+from .rows import Export
 
 FORMAT = "nsys_stats_csv"
 
@@ -35,6 +35,9 @@ def is_nsys_stats_path(path: Path) -> bool:
         return _header(Path(path)).lstrip('"').startswith("Start (ns)")
     except OSError:
         return False
+
+
+detect = is_nsys_stats_path  # the row-reader interface (tracekit.ingest.ROW_READERS)
 
 
 def _int(value: str):

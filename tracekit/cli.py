@@ -389,6 +389,14 @@ def schema():
     click.echo(json.dumps(json_schema(), indent=2))
 
 
+# Commands that live in their own modules; those modules import heavy packages inside the commands,
+# so registering them keeps `tracekit --help` fast.
+from . import cli_agent, cli_report  # noqa: E402
+
+cli_agent.register(cli, Group, CONTEXT)
+cli_report.register(cli, Group, CONTEXT)
+
+
 def main():
     cli(prog_name="tracekit")
 

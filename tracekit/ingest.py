@@ -40,9 +40,9 @@ def plan(paths: list[Path], metrics: tuple[str, ...] = ()) -> list[tuple[int | N
     `analyze events.jsonl trace.json.gz` and `ingest r0.json.gz r0.jsonl r1.json.gz r1.jsonl` all
     do what they say.
     """
-    from tracekit.parsers import ncu_csv, nsys_sqlite, nsys_stats_csv, numerics_report, runtime_events
+    from tracekit.parsers import ncu_csv, numerics_report, runtime_events
 
-    nsys = {i for i, p in enumerate(paths) if nsys_sqlite.is_nsys_path(p) or nsys_stats_csv.is_nsys_stats_path(p)}
+    nsys = {i for i, p in enumerate(paths) if row_reader(p) is not None}
     numerics = {i for i, p in enumerate(paths) if i not in nsys and numerics_report.is_numerics_path(p, metrics)}
     is_log = [i not in numerics | nsys and runtime_events.is_runtime_log(p) for i, p in enumerate(paths)]
     standalone = nsys | numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
@@ -83,14 +83,11 @@ def ingest(
 
     paths = [Path(p) for p in paths]
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
-    from tracekit.parsers import ncu_csv, nsys_sqlite, nsys_stats_csv, numerics_report
+    from tracekit.parsers import ncu_csv, numerics_report
 
     metrics = tuple(metrics)
     units = plan(paths, metrics)
-    nsys = {
-        t for t, _ in units
-        if t is not None and (nsys_sqlite.is_nsys_path(paths[t]) or nsys_stats_csv.is_nsys_stats_path(paths[t]))
-    }  # fmt: skip
+    nsys = {t for t, _ in units if t is not None and row_reader(paths[t]) is not None}
     numerics = {
         t for t, _ in units if t is not None and t not in nsys and numerics_report.is_numerics_path(paths[t], metrics)
     }
@@ -112,7 +109,8 @@ def ingest(
                     results.append(_ingest_log_run(con, logs[0], rank, label, tmpdir, started))
                     continue
                 if trace_index in nsys:
-                    results.append(_ingest_nsys(con, paths[trace_index], rank, label, started, progress))
+                    reader = row_reader(paths[trace_index])
+                    results.append(_ingest_rows(con, paths[trace_index], reader, rank, label, started, progress))
                     continue
                 if trace_index in numerics:
                     results.append(_ingest_numerics(con, paths[trace_index], rank, label, started, progress, metrics))
@@ -246,14 +244,34 @@ def _ingest_ncu(con, path: Path, rank, label, started, progress) -> IngestResult
     )  # fmt: skip
 
 
-def _ingest_nsys(con, path: Path, rank, label, started, progress) -> IngestResult:
-    """An Nsight Systems SQLite export or `nsys stats` CSV trace report: a run of its own, mapped onto
-    the Kineto kinds, then derived alike."""
-    from tracekit.parsers import kineto, nsys_sqlite, nsys_stats_csv
+# Readers that build event rows in Python (parsers/rows.py), tried in this order on a file's content.
+# Each module has FORMAT, detect(path) -> bool (never raises) and read(path) -> rows.Export.
+ROW_READERS = ("nsys_sqlite", "nsys_stats_csv", "perfetto_proto", "otlp_json", "bench_serving", "serving_log")
+
+
+def row_reader(path: Path):
+    """The row-based reader module that recognises this file's content, or None."""
+    import importlib
+
+    for name in ROW_READERS:
+        try:
+            module = importlib.import_module(f"tracekit.parsers.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"tracekit.parsers.{name}":
+                raise
+            continue  # a reader not written yet
+        if module.detect(Path(path)):
+            return module
+    return None
+
+
+def _ingest_rows(con, path: Path, reader, rank, label, started, progress) -> IngestResult:
+    """A file read by a row-based reader (Nsight Systems, Perfetto, OTLP, serving logs...): a run of its
+    own, mapped onto the Kineto kinds, then derived alike."""
+    from tracekit.parsers import kineto, rows
 
     if progress:
         progress(f"loading {path.name}")
-    reader = nsys_stats_csv if nsys_stats_csv.is_nsys_stats_path(path) else nsys_sqlite
     export = reader.read(path)
     m = kineto.RANK_IN_NAME.search(path.name)
     run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
@@ -271,7 +289,9 @@ def _ingest_nsys(con, path: Path, rank, label, started, progress) -> IngestResul
     con.execute("BEGIN TRANSACTION")
     try:
         run_id = dbmod.next_run_id(con)
-        nsys_sqlite.load(con, export, run_id)
+        rows.load(con, export, run_id)
+        if export.metrics:
+            dbmod.insert_rows(con, "run_metrics", run_id, ("name", "value", "unit", "args"), export.metrics)
     except BaseException:
         con.execute("ROLLBACK")
         raise

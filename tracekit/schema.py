@@ -4,7 +4,7 @@ docs/schema.md documents every name here; tests/test_schema_docs.py fails when t
 Bump SCHEMA_VERSION whenever a public column or view changes meaning or disappears.
 """
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 # Kineto categories as written (lower-cased) -> normalized kind. Legacy 2020-2021 traces use
 # capitalised names (Operator/Runtime/Kernel/Memcpy/Memset); ROCm keeps cuda_runtime for hip* calls.
@@ -139,6 +139,16 @@ CREATE TABLE IF NOT EXISTS numerics (
     seq_len BIGINT,
     partitions INTEGER,
     other_conditions VARCHAR
+);
+
+-- Run-level quantities a source states itself (a serving benchmark's throughput and latency
+-- percentiles, a server log's totals): one row per (run, metric).
+CREATE TABLE IF NOT EXISTS run_metrics (
+    run_id INTEGER,
+    name VARCHAR,
+    value DOUBLE,
+    unit VARCHAR,
+    args JSON
 );
 """
 
@@ -275,7 +285,7 @@ SELECT run_id, launch_id, kernel, grid, block, device, stream, duration_ns, sm_p
 FROM m;
 """
 
-PUBLIC_TABLES = ("runs", "processes", "threads", "streams", "ingest_log", "ncu_metrics", "numerics")
+PUBLIC_TABLES = ("runs", "processes", "threads", "streams", "ingest_log", "ncu_metrics", "numerics", "run_metrics")
 PUBLIC_VIEWS = (
     "ncu_launches",
     "events",

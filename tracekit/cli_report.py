@@ -1,0 +1,7 @@
+"""Visual output commands (issue 6): report, annotate."""
+
+from __future__ import annotations
+
+
+def register(cli, group_cls, context) -> None:
+    """Add this module's commands to the top-level click group."""
