@@ -26,26 +26,30 @@ class IngestResult:
     skipped_reasons: dict
     seconds: float
     rank: int | None
+    alignment: dict | None = None  # how a log joined its trace's clock (method, applied_offset_ns)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def plan(paths: list[Path], metrics: tuple[str, ...] = ()) -> list[tuple[int | None, list[int]]]:
-    """Group the inputs of one call into runs: (index of the trace, indexes of its runtime-event logs).
+def plan(paths: list[Path], metrics: tuple[str, ...] = (), readers: dict | None = None) -> list[tuple[int | None, list[int]]]:
+    """Group the inputs of one call into runs: (index of the trace, indexes of the logs that join it).
 
-    A runtime-event log joins the run of the nearest trace before it in the call; a log that comes
-    before every trace joins the only trace of the call when there is exactly one; otherwise it is a
-    run of its own (format `runtime_events`). So `analyze trace.json.gz events.jsonl`,
-    `analyze events.jsonl trace.json.gz` and `ingest r0.json.gz r0.jsonl r1.json.gz r1.jsonl` all
-    do what they say.
+    Logs are runtime-event logs and the row-based sources marked ATTACHABLE (server logs, OTLP spans).
+    A log joins the run of the nearest trace before it in the call; a log that comes before every
+    trace joins the only trace of the call when there is exactly one; otherwise it is a run of its own
+    (a runtime-event log: format `runtime_events`; an attachable source: its own format). So
+    `analyze trace.json.gz events.jsonl server.log`, `analyze events.jsonl trace.json.gz` and
+    `ingest r0.json.gz r0.jsonl r1.json.gz r1.jsonl` all do what they say.
     """
     from tracekit.parsers import ncu_csv, numerics_report, runtime_events
 
-    nsys = {i for i, p in enumerate(paths) if row_reader(p) is not None}
-    numerics = {i for i, p in enumerate(paths) if i not in nsys and numerics_report.is_numerics_path(p, metrics)}
-    is_log = [i not in numerics | nsys and runtime_events.is_runtime_log(p) for i, p in enumerate(paths)]
-    standalone = nsys | numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
+    readers = readers if readers is not None else detect_readers(paths)
+    attachable = {i for i, r in readers.items() if getattr(r, "ATTACHABLE", False)}
+    rows = set(readers) - attachable
+    numerics = {i for i, p in enumerate(paths) if i not in readers and numerics_report.is_numerics_path(p, metrics)}
+    is_log = [i in attachable or (i not in numerics | rows and runtime_events.is_runtime_log(p)) for i, p in enumerate(paths)]
+    standalone = rows | numerics | {i for i, p in enumerate(paths) if not is_log[i] and ncu_csv.is_ncu_path(p)}
     traces = [i for i, log in enumerate(is_log) if not log and i not in standalone]
     units: list[tuple[int | None, list[int]]] = []
     by_trace: dict[int, list[int]] = {}
@@ -54,15 +58,49 @@ def plan(paths: list[Path], metrics: tuple[str, ...] = ()) -> list[tuple[int | N
         if not log:
             by_trace[i] = []
             units.append((i, by_trace[i]))
-        elif units and units[-1][0] is not None and units[-1][0] not in standalone:
+        elif units and units[-1][0] is not None and units[-1][0] in by_trace and units[-1][0] not in standalone:
             units[-1][1].append(i)
         elif len(traces) == 1:
             leading.append(i)
+        elif i in attachable:
+            units.append((i, []))  # no trace to join: a run of its own, read like any row-based source
         else:
             units.append((None, [i]))
     if leading:
         by_trace[traces[0]][:0] = leading
     return units
+
+
+# Readers that build event rows in Python (parsers/rows.py), tried in this order on a file's content.
+# Each module has FORMAT, detect(path) -> bool (never raises) and read(path) -> rows.Export; one with
+# ATTACHABLE = True (a log of the same process or service) joins the run of a trace given with it.
+ROW_READERS = ("nsys_sqlite", "nsys_stats_csv", "perfetto_proto", "otlp_json", "bench_serving", "serving_log")
+
+
+def row_reader(path: Path):
+    """The row-based reader module that recognises this file's content, or None."""
+    import importlib
+
+    for name in ROW_READERS:
+        try:
+            module = importlib.import_module(f"tracekit.parsers.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"tracekit.parsers.{name}":
+                raise
+            continue  # a reader not written yet
+        if module.detect(Path(path)):
+            return module
+    return None
+
+
+def detect_readers(paths: list[Path]) -> dict:
+    """index -> row-based reader module, for the inputs one recognises (each file sniffed once)."""
+    found = {}
+    for i, p in enumerate(paths):
+        reader = row_reader(Path(p))
+        if reader is not None:
+            found[i] = reader
+    return found
 
 
 def ingest(
@@ -74,25 +112,38 @@ def ingest(
     progress: Callable[[str], None] | None = None,
     align: bool = True,
     metrics: tuple[str, ...] = (),
+    offsets: dict | None = None,
 ) -> list[IngestResult]:
-    """Ingest trace files (and runtime-event logs, see plan) in order; one IngestResult per file.
+    """Ingest trace files (and the logs that join them, see plan) in order; one IngestResult per file.
 
-    `align`: shift a log attached to a trace by the median offset measured on the events both share.
+    `align`: shift a log attached to a trace onto the trace's clock by the offset measured on the
+    events both share (runtime-event logs) or on their windows (server logs); `offsets` (path -> ns)
+    overrides that for the files it names and shifts any other input as a whole.
     """
     from tracekit.parsers.json_slice import stage
 
+    from .formats import check_known, export_native, is_native
+
     paths = [Path(p) for p in paths]
+    offsets = {Path(k): v for k, v in (offsets or {}).items()}
+    for i, p in enumerate(paths):
+        if is_native(p):
+            paths[i] = export_native(p, tmpdir)  # the vendor tool reads its own format; tracekit the export
+            offsets.setdefault(paths[i], offsets.get(p, 0))
+    readers = detect_readers(paths)
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
     from tracekit.parsers import ncu_csv, numerics_report
 
     metrics = tuple(metrics)
-    units = plan(paths, metrics)
-    nsys = {t for t, _ in units if t is not None and row_reader(paths[t]) is not None}
+    units = plan(paths, metrics, readers)
+    rowbased = {t for t, _ in units if t is not None and t in readers}
     numerics = {
-        t for t, _ in units if t is not None and t not in nsys and numerics_report.is_numerics_path(paths[t], metrics)
+        t for t, _ in units if t is not None and t not in rowbased and numerics_report.is_numerics_path(paths[t], metrics)
     }
-    ncu = {t for t, _ in units if t is not None and t not in numerics | nsys and ncu_csv.is_ncu_path(paths[t])}
-    traces = [t for t, _ in units if t is not None and t not in ncu | numerics | nsys]
+    ncu = {t for t, _ in units if t is not None and t not in numerics | rowbased and ncu_csv.is_ncu_path(paths[t])}
+    traces = [t for t, _ in units if t is not None and t not in ncu | numerics | rowbased]
+    for t in traces:
+        check_known(paths[t])  # what no reader took and is not JSON gets one line naming what was tried
     results = []
     # zlib and copy_file_range release the GIL: the next trace is staged on the other core.
     with ThreadPoolExecutor(max_workers=1) as pool:
@@ -104,13 +155,15 @@ def ingest(
             try:
                 # logs are read and checked first, so that one that cannot be read stops the run
                 # before anything of it is committed
-                logs = [_parse_log(paths[i], progress) for i in log_indexes]
+                logs = [_parse_log(paths[i], readers.get(i), progress) for i in log_indexes]
                 if trace_index is None:
                     results.append(_ingest_log_run(con, logs[0], rank, label, tmpdir, started))
                     continue
-                if trace_index in nsys:
-                    reader = row_reader(paths[trace_index])
-                    results.append(_ingest_rows(con, paths[trace_index], reader, rank, label, started, progress))
+                offset = offsets.get(paths[trace_index], 0)
+                if trace_index in rowbased:
+                    results.append(
+                        _ingest_rows(con, paths[trace_index], readers[trace_index], rank, label, started, progress, offset)
+                    )
                     continue
                 if trace_index in numerics:
                     results.append(_ingest_numerics(con, paths[trace_index], rank, label, started, progress, metrics))
@@ -123,7 +176,7 @@ def ingest(
                 pending = pool.submit(stage, paths[traces[next_trace]], tmpdir) if next_trace < len(traces) else None
                 next_trace += 1
                 try:
-                    results += _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, align)
+                    results += _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, align, offset, offsets)
                 finally:
                     staged.cleanup()
             except BaseException:
@@ -132,17 +185,34 @@ def ingest(
     return results
 
 
-def _parse_log(path: Path, progress):
+@dataclass
+class RowLog:
+    """An attachable row-based source (a server log, OTLP spans) read ahead of its run."""
+
+    source: Path
+    reader: object
+    export: object
+    parse_seconds: float
+
+
+def _parse_log(path: Path, reader, progress):
     from tracekit.parsers import runtime_events
 
     if progress:
         progress(f"loading {path.name}")
+    if reader is not None:
+        started = time.perf_counter()
+        export = reader.read(path)
+        return RowLog(path, reader, export, time.perf_counter() - started)
     return runtime_events.parse(path)
 
 
-def _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, align) -> list[IngestResult]:
+def _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, align, offset=0, offsets=None):
     from tracekit.parsers import kineto, runtime_events
 
+    from .offsets import measure
+
+    offsets = offsets or {}
     if progress:
         progress(f"loading {staged.source.name}")
     options: dict = {}
@@ -153,6 +223,9 @@ def _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, ali
         con.execute("BEGIN TRANSACTION")
         try:
             run_id, run, counts = _load_events(con, staged, rank, label, options)
+            if offset:
+                con.execute("UPDATE event_rows SET ts_ns = ts_ns + ? WHERE run_id = ?", [offset, run_id])
+                counts["notes"]["applied_offset_ns"] = offset
         except kineto.Reload as again:
             con.execute("ROLLBACK")
             options = again.options
@@ -163,15 +236,42 @@ def _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, ali
         con.execute("COMMIT")
         break
     attached = []
+    if logs:
+        # the run's window is the profiler's: attached logs may reach far beyond it
+        run["window"] = _window(con, run_id, kineto.FORMAT)
     for log in logs:
         log_started = time.perf_counter() - log.parse_seconds
+        explicit = offsets.get(log.source)
+        if isinstance(log, RowLog):
+            note = dict(log.export.notes)
+            note["run"] = f"attached to the run of {staged.source}"
+            if explicit is not None:
+                shift = {"method": "--offset", "applied_offset_ns": explicit}
+            elif align:
+                shift = measure(run["window"], _export_window(log.export))
+            else:
+                shift = {"method": "none (alignment off)", "applied_offset_ns": 0}
+            note["alignment"] = shift
+            con.execute("BEGIN TRANSACTION")
+            try:
+                _load_export(con, log.export, run_id, shift["applied_offset_ns"])
+            except BaseException:
+                con.execute("ROLLBACK")
+                raise
+            con.execute("COMMIT")
+            attached.append((log, note, time.perf_counter() - log_started))
+            continue
         note = runtime_events.notes(log)
         note["run"] = f"attached to the run of {staged.source}"
         if "baseTimeNanoseconds" not in staged.metadata:
             note["clock"] = (
                 "epoch ns as written; the trace has no baseTimeNanoseconds, so only an applied offset aligns them"
             )
-        note["alignment"] = runtime_events.align(con, run_id, log, apply=align)
+        note["alignment"] = runtime_events.align(con, run_id, log, apply=align and explicit is None)
+        if explicit is not None:
+            for e in log.events:
+                e["ts_ns"] += explicit
+            note["alignment"].update({"method": "--offset", "applied_offset_ns": explicit})
         con.execute("BEGIN TRANSACTION")
         try:
             runtime_events.insert(con, log, run_id, tmpdir)
@@ -181,6 +281,22 @@ def _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, ali
         con.execute("COMMIT")
         attached.append((log, note, time.perf_counter() - log_started))
     return _derive(con, staged, run_id, run, counts, started, attached)
+
+
+def _export_window(export) -> tuple[int, int] | None:
+    spans = [(r[4], r[4] + (r[5] or 0)) for r in export.rows if r[4] is not None and r[0] != "metadata"]
+    return (min(s for s, _ in spans), max(e for _, e in spans)) if spans else None
+
+
+def _load_export(con, export, run_id: int, offset: int = 0) -> None:
+    """A row-based source's rows and stated metrics, shifted by `offset` ns onto the run's clock."""
+    from tracekit.parsers import rows
+
+    if offset:
+        export.rows = [r[:4] + (None if r[4] is None else r[4] + offset,) + r[5:] for r in export.rows]
+    rows.load(con, export, run_id)
+    if export.metrics:
+        dbmod.insert_rows(con, "run_metrics", run_id, ("name", "value", "unit", "args"), export.metrics)
 
 
 def _ingest_log_run(con, log, rank, label, tmpdir, started) -> IngestResult:
@@ -244,35 +360,16 @@ def _ingest_ncu(con, path: Path, rank, label, started, progress) -> IngestResult
     )  # fmt: skip
 
 
-# Readers that build event rows in Python (parsers/rows.py), tried in this order on a file's content.
-# Each module has FORMAT, detect(path) -> bool (never raises) and read(path) -> rows.Export.
-ROW_READERS = ("nsys_sqlite", "nsys_stats_csv", "perfetto_proto", "otlp_json", "bench_serving", "serving_log")
-
-
-def row_reader(path: Path):
-    """The row-based reader module that recognises this file's content, or None."""
-    import importlib
-
-    for name in ROW_READERS:
-        try:
-            module = importlib.import_module(f"tracekit.parsers.{name}")
-        except ModuleNotFoundError as e:
-            if e.name != f"tracekit.parsers.{name}":
-                raise
-            continue  # a reader not written yet
-        if module.detect(Path(path)):
-            return module
-    return None
-
-
-def _ingest_rows(con, path: Path, reader, rank, label, started, progress) -> IngestResult:
+def _ingest_rows(con, path: Path, reader, rank, label, started, progress, offset: int = 0) -> IngestResult:
     """A file read by a row-based reader (Nsight Systems, Perfetto, OTLP, serving logs...): a run of its
     own, mapped onto the Kineto kinds, then derived alike."""
-    from tracekit.parsers import kineto, rows
+    from tracekit.parsers import kineto
 
     if progress:
         progress(f"loading {path.name}")
     export = reader.read(path)
+    if offset:
+        export.notes["applied_offset_ns"] = offset
     m = kineto.RANK_IN_NAME.search(path.name)
     run_rank, rank_source = (int(m.group(1)), "file name") if m else (rank, "--rank" if rank is not None else None)
     run = {
@@ -289,9 +386,7 @@ def _ingest_rows(con, path: Path, reader, rank, label, started, progress) -> Ing
     con.execute("BEGIN TRANSACTION")
     try:
         run_id = dbmod.next_run_id(con)
-        rows.load(con, export, run_id)
-        if export.metrics:
-            dbmod.insert_rows(con, "run_metrics", run_id, ("name", "value", "unit", "args"), export.metrics)
+        _load_export(con, export, run_id, offset)
     except BaseException:
         con.execute("ROLLBACK")
         raise
@@ -412,12 +507,26 @@ def _derive(con, staged, run_id: int, run: dict, counts: dict, started: float, a
         _insert_run(con, run_id, run)
         results = [_log(con, staged, run_id, run, counts, started)]
         for log, note, seconds in attached:
-            results.append(_log_runtime(con, log, run_id, run["rank"], note, seconds))
+            if isinstance(log, RowLog):
+                results.append(_log_attached_rows(con, log, run_id, run["rank"], note, seconds))
+            else:
+                results.append(_log_runtime(con, log, run_id, run["rank"], note, seconds))
     except BaseException:
         con.execute("ROLLBACK")
         raise
     con.execute("COMMIT")
     return results
+
+
+def _log_attached_rows(con, log: RowLog, run_id: int, rank, note: dict, seconds: float) -> IngestResult:
+    read, skipped = sum(log.export.read.values()), sum(log.export.skipped.values())
+    result = IngestResult(
+        run_id=run_id, source=str(log.source), format=log.reader.FORMAT, bytes_read=log.source.stat().st_size,
+        events_read=read, events_ingested=read - skipped, events_skipped=skipped,
+        skipped_reasons=dict(log.export.skipped), seconds=seconds, rank=rank, alignment=note.get("alignment"),
+    )  # fmt: skip
+    _insert_log_row(con, result, note)
+    return result
 
 
 def _log_runtime(con, log, run_id: int, rank, note: dict, seconds: float) -> IngestResult:
@@ -434,6 +543,7 @@ def _log_runtime(con, log, run_id: int, rank, note: dict, seconds: float) -> Ing
         skipped_reasons=dict(log.skipped),
         seconds=seconds,
         rank=rank,
+        alignment=note.get("alignment"),
     )
     _insert_log_row(con, result, note)
     return result
@@ -490,14 +600,18 @@ def raw_size(path: Path) -> int:
         return 0  # a missing file is reported by staging, with its name
 
 
-def _insert_run(con, run_id: int, run: dict) -> None:
-    start, end = con.execute(
+def _window(con, run_id: int, fmt: str) -> tuple[int, int]:
+    return con.execute(
         "SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM event_rows "
         "WHERE run_id = ? AND kind NOT IN ('metadata', 'profiler_span') "
         # a trace's window is the profiler's: runtime events it is given may reach far beyond it
         "AND (kind <> 'runtime_event' OR ? = 'runtime_events')",
-        [run_id, run["format"]],
+        [run_id, fmt],
     ).fetchone()
+
+
+def _insert_run(con, run_id: int, run: dict) -> None:
+    start, end = run.get("window") or _window(con, run_id, run["format"])
     con.execute(
         "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         [

@@ -1,0 +1,147 @@
+"""One run from several sources: explicit offsets, measured window alignment, and the one-line answer
+for a file no reader takes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CORPUS, sample
+from tracekit.errors import TracekitError
+from tracekit.ingest import ingest
+from tracekit.offsets import TZ_STEP_NS, measure, parse_duration, parse_offsets
+
+TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
+DEMO_TRACE = sample("runtime_demo.json.gz")
+DEMO_LOG = sample("runtime_demo.events.jsonl")
+H = 3_600_000_000_000
+
+
+@pytest.mark.parametrize(
+    "text, ns",
+    [
+        ("-7h", -7 * H),
+        ("+1.5s", 1_500_000_000),
+        ("250ms", 250_000_000),
+        ("120", 120),
+        ("-3us", -3000),
+        ("+30m", H // 2),
+    ],
+)
+def test_durations(text, ns):
+    assert parse_duration(text) == ns
+
+
+@pytest.mark.parametrize("bad", ["7 hours", "", "--1s", "1e3s", "+s"])
+def test_bad_durations_are_refused(bad):
+    with pytest.raises(TracekitError, match="expected a signed duration"):
+        parse_duration(bad)
+
+
+def test_offset_specs_name_one_input(tmp_path):
+    a, b = tmp_path / "x" / "server.log", tmp_path / "y" / "server.log"
+    assert parse_offsets([f"{DEMO_LOG.name}=+1ms"], [DEMO_TRACE, DEMO_LOG]) == {DEMO_LOG: 1_000_000}
+    assert parse_offsets([f"{a}=-1h"], [a, b]) == {a: -H}
+    with pytest.raises(TracekitError, match="several inputs"):
+        parse_offsets(["server.log=-1h"], [a, b])
+    with pytest.raises(TracekitError, match="matches no input"):
+        parse_offsets(["other.log=1s"], [a])
+    with pytest.raises(TracekitError, match="FILE=DURATION"):
+        parse_offsets(["-1h"], [a])
+
+
+def test_window_alignment_same_clock_time_zone_and_ambiguous():
+    trace = (1_000 * H, 1_000 * H + 5_000_000_000)  # a 5 s profile
+    assert measure(trace, (trace[0] - H, trace[1] + H))["applied_offset_ns"] == 0
+    # a log written in UTC+2 local time, covering 10 minutes around the profile: only -2 h fits
+    log = (trace[0] + 2 * H - 300_000_000_000, trace[0] + 2 * H + 300_000_000_000)
+    shift = measure(trace, log)
+    assert shift["applied_offset_ns"] == -2 * H and "time zone" in shift["method"]
+    # a log spanning 2 hours fits many 15-minute shifts: none is guessed
+    long_log = (trace[0] + 5 * H, trace[0] + 7 * H)
+    shift = measure(trace, long_log)
+    assert shift["applied_offset_ns"] == 0 and "--offset" in shift["note"]
+    assert (long_log[1] - long_log[0]) // TZ_STEP_NS > 1
+    # a log that never covers the profile under any shift
+    assert measure(trace, (trace[0] + 20 * H, trace[0] + 20 * H + 1))["method"] == "none"
+
+
+def _runtime_ts(con, name: str) -> list[int]:
+    return [r[0] for r in con.execute(
+        "SELECT ts_ns FROM event_rows WHERE kind = 'runtime_event' AND name = ? ORDER BY ts_ns", [name]
+    ).fetchall()]  # fmt: skip
+
+
+def test_explicit_offset_overrides_the_measured_one(fresh_db):
+    from tracekit import db
+
+    measured = db.connect(None)
+    [_, log_measured] = ingest(measured, [DEMO_TRACE, DEMO_LOG])
+    applied = log_measured.alignment["applied_offset_ns"]
+    [_, log_explicit] = ingest(fresh_db, [DEMO_TRACE, DEMO_LOG], offsets={DEMO_LOG: 5_000_000})
+    assert log_explicit.alignment["method"] == "--offset" and log_explicit.alignment["applied_offset_ns"] == 5_000_000
+    name = measured.execute("SELECT name FROM event_rows WHERE kind = 'runtime_event' LIMIT 1").fetchone()[0]
+    a, b = _runtime_ts(measured, name), _runtime_ts(fresh_db, name)
+    assert a and len(a) == len(b)
+    assert {y - x for x, y in zip(a, b)} == {5_000_000 - applied}
+    # the measurement itself is still reported next to the override
+    notes = json.loads(fresh_db.execute(
+        "SELECT notes FROM ingest_log WHERE source = ?", [str(DEMO_LOG)]).fetchone()[0])  # fmt: skip
+    assert notes["alignment"]["pairs"] > 0
+
+
+def test_offset_shifts_a_whole_trace(fresh_db):
+    from tracekit import db
+
+    plain = db.connect(None)
+    ingest(plain, [DEMO_TRACE])
+    ingest(fresh_db, [DEMO_TRACE], offsets={DEMO_TRACE: -H})
+    q = "SELECT min(ts_ns), max(ts_ns), count(*) FROM event_rows WHERE ts_ns IS NOT NULL"
+    (a0, a1, n), (b0, b1, m) = plain.execute(q).fetchone(), fresh_db.execute(q).fetchone()
+    assert n == m and (b0, b1) == (a0 - H, a1 - H)
+    r0 = plain.execute("SELECT start_ns FROM runs").fetchone()[0]
+    assert fresh_db.execute("SELECT start_ns FROM runs").fetchone()[0] == r0 - H
+
+
+def run(*args):
+    return subprocess.run([TRACEKIT, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def _one_line(proc) -> str:
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_unknown_content_names_what_was_tried(tmp_path):
+    text = tmp_path / "notes.json"  # the extension says JSON, the content does not
+    text.write_text("GPU went brrr\n")
+    line = _one_line(run("analyze", text))
+    assert str(text) in line and "byte 0" in line
+    for fmt in ("Chrome/Kineto", "Nsight Systems SQLite", "Perfetto protobuf", "OTLP", "SGLang/vLLM"):
+        assert fmt in line
+
+
+def test_native_reports_say_how_to_export(tmp_path):
+    ncu_rep = CORPUS / "esmm__profile_output.ncu-rep"
+    if not ncu_rep.exists():
+        pytest.skip("corpus not present")
+    # a PATH with only the venv: no ncu or nsys to export with
+    line = _one_line(subprocess.run([TRACEKIT, "analyze", str(ncu_rep)], capture_output=True, text=True,
+                                    env={"PATH": str(Path(sys.executable).parent)}))  # fmt: skip
+    assert "ncu --import" in line and "--csv" in line
+    rep = tmp_path / "capture.nsys-rep"
+    rep.write_bytes(b"\x00" * 64)
+    line = _one_line(subprocess.run([TRACEKIT, "ingest", str(rep), "--db", str(tmp_path / "x.duckdb")],
+                                    capture_output=True, text=True, env={"PATH": str(Path(sys.executable).parent)}))  # fmt: skip
+    assert "nsys export --type sqlite" in line
+
+
+def test_bad_offset_is_one_line(tmp_path):
+    line = _one_line(run("analyze", DEMO_TRACE, "--offset", "nothere.log=1s"))
+    assert "matches no input" in line
