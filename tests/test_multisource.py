@@ -145,3 +145,29 @@ def test_native_reports_say_how_to_export(tmp_path):
 def test_bad_offset_is_one_line(tmp_path):
     line = _one_line(run("analyze", DEMO_TRACE, "--offset", "nothere.log=1s"))
     assert "matches no input" in line
+
+
+def test_native_report_is_exported_by_the_tool_on_path(tmp_path):
+    """With `ncu` on PATH a .ncu-rep is exported (`ncu --import X --csv --page raw`) and read as that CSV.
+
+    The stand-in `ncu` prints one of the project's own ncu CSVs; the command line it was given is
+    checked, so the plumbing (not ncu) is what this tests. The real export was checked on the device
+    with ncu 2025.3.1 on the corpus report (esmm__profile_output.ncu-rep: 4 launches, 1244 metrics).
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    csv = sample("ncu_tiles_repeated_heavy.csv")
+    argv_log = tmp_path / "argv.txt"
+    (bin_dir / "ncu").write_text(f'#!/bin/sh\necho "$@" > {argv_log}\ncat {csv}\n')
+    (bin_dir / "ncu").chmod(0o755)
+    rep = tmp_path / "kernels.ncu-rep"
+    rep.write_bytes(b"NVIDIA Nsight Compute report stand-in")
+    env = {"PATH": f"{bin_dir}:{Path(sys.executable).parent}:/usr/bin:/bin"}
+    proc = subprocess.run([TRACEKIT, "ingest", str(rep), "--db", str(tmp_path / "k.duckdb"), "-f", "json"],
+                          capture_output=True, text=True, env=env)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert argv_log.read_text().split() == ["--import", str(rep), "--csv", "--page", "raw"]
+    [result] = json.loads(proc.stdout)
+    assert (
+        result["events_ingested"] > 0 and result["events_read"] == result["events_ingested"] + result["events_skipped"]
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -120,16 +121,36 @@ def ingest(
     events both share (runtime-event logs) or on their windows (server logs); `offsets` (path -> ns)
     overrides that for the files it names and shifts any other input as a whole.
     """
-    from tracekit.parsers.json_slice import stage
-
-    from .formats import check_known, export_native, is_native
+    from .formats import export_native, is_native
 
     paths = [Path(p) for p in paths]
     offsets = {Path(k): v for k, v in (offsets or {}).items()}
+    exported: dict[Path, Path] = {}  # export -> the native report it came from
     for i, p in enumerate(paths):
         if is_native(p):
             paths[i] = export_native(p, tmpdir)  # the vendor tool reads its own format; tracekit the export
+            exported[paths[i]] = p
             offsets.setdefault(paths[i], offsets.get(p, 0))
+    try:
+        results = _ingest_all(con, paths, rank, labels, tmpdir, progress, align, metrics, offsets)
+    finally:
+        for export in exported:
+            shutil.rmtree(export.parent, ignore_errors=True)
+    for export, native in exported.items():
+        # the run is the report the user gave; the export was a means
+        for table in ("runs", "ingest_log"):
+            con.execute(f"UPDATE {table} SET source = ? WHERE source = ?", [str(native), str(export)])
+        for r in results:
+            if r.source == str(export):
+                r.source = str(native)
+    return results
+
+
+def _ingest_all(con, paths, rank, labels, tmpdir, progress, align, metrics, offsets) -> list[IngestResult]:
+    from tracekit.parsers.json_slice import stage
+
+    from .formats import check_known
+
     readers = detect_readers(paths)
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
     from tracekit.parsers import ncu_csv, numerics_report
