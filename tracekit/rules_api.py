@@ -21,6 +21,7 @@ RULE_MODULES = (
     "launch_bound",
     "numerics_drift",
     "repeated_tile_work",
+    "serving_throughput",
     "thread_starvation",
 )
 
