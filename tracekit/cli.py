@@ -83,12 +83,31 @@ def _open_db(path: str | None, must_exist: bool = False):
         raise TracekitError(f"{path}: cannot open as a tracekit database ({str(e).splitlines()[0]})") from None
 
 
+def _keep_offsets(ctx, _param, value):
+    ctx.meta["tracekit.offsets"] = value
+    return value
+
+
+# expose_value=False: the specs reach _ingest through the click context, not every command's signature
+OFFSET_OPTION = click.option(
+    "--offset", "offsets", multiple=True, metavar="FILE=DURATION", expose_value=False, callback=_keep_offsets,
+    help="Shift one input onto the run's clock (e.g. server.log=-7h, events.jsonl=+250us); overrides the "
+    "measured alignment. Repeatable.",
+)  # fmt: skip
+
+
 def _ingest(con, traces, rank, labels, metrics=()):
     from .ingest import ingest
+    from .offsets import parse_offsets
 
+    specs = click.get_current_context().meta.get("tracekit.offsets", ())
+    offsets = parse_offsets(specs, traces)
     bar, progress = _progress(len(traces))
     try:
-        return ingest(con, list(traces), rank=rank, labels=list(labels) or None, progress=progress, metrics=metrics)
+        return ingest(
+            con, list(traces), rank=rank, labels=list(labels) or None, progress=progress, metrics=metrics,
+            offsets=offsets,
+        )  # fmt: skip
     finally:
         if bar:
             bar.stop()
@@ -105,6 +124,7 @@ def _ingest(con, traces, rank, labels, metrics=()):
     "--metric", "metrics", multiple=True, metavar="COLUMN",
     help="Error column of a numerics report (repeatable; default: every column whose name contains 'err').",
 )  # fmt: skip
+@OFFSET_OPTION
 @click.option("-f", "--format", "fmt", type=click.Choice(["table", "csv", "json"]), default="table", show_default=True)
 def ingest(traces, db_path, rank, labels, metrics, fmt):
     """Load traces into a database; prints events read = ingested + skipped per file.
@@ -125,6 +145,7 @@ def ingest(traces, db_path, rank, labels, metrics, fmt):
         "events_ingested",
         "events_skipped",
         "skipped_reasons",
+        "alignment",
         "seconds",
     ]
     rows = [
@@ -136,11 +157,20 @@ def ingest(traces, db_path, rank, labels, metrics, fmt):
             r.events_ingested,
             r.events_skipped,
             ", ".join(f"{k}: {v}" for k, v in r.skipped_reasons.items()) if fmt != "json" else r.skipped_reasons,
+            _alignment_text(r.alignment) if fmt != "json" else r.alignment,
             round(r.seconds, 3),
         )
         for r in results
     ]
     emit_rows(cols, rows, fmt)
+
+
+def _alignment_text(alignment: dict | None) -> str:
+    if not alignment:
+        return ""
+    offset = alignment.get("applied_offset_ns", 0)
+    method = alignment.get("method") or ("shared events" if alignment.get("pairs") else "none")
+    return f"{offset / 1e6:+.3f} ms ({method})"
 
 
 @cli.command()
@@ -187,14 +217,16 @@ def _coerce(value: str):
 @cli.command()
 @click.argument("traces", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option(
-    "-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True
-)
+    "-f", "--format", "fmt", type=click.Choice(["text", "json", "markdown", "feedback"]), default="text",
+    show_default=True, help="feedback: ranked, deduplicated records for an agent (JSON, see docs/agents.md).",
+)  # fmt: skip
 @click.option("--rules", "rule_keys", help="Comma-separated rule codes or names (default: all).")
 @click.option("--db", "db_path", type=click.Path(dir_okay=False), help="Keep the database in this file.")
 @click.option("--fail-on", type=click.Choice(["info", "warning", "critical"]), help="Exit 1 on a finding this severe.")
 @click.option("--param", "params", multiple=True, metavar="RULE.NAME=VALUE", help="Override a rule parameter.")
 @click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
 @click.option("--max-findings", type=int, default=25, show_default=True, help="Cap on findings in the report.")
+@OFFSET_OPTION
 @click.option(
     "--metric", "metrics", multiple=True, metavar="COLUMN",
     help="Error column of a numerics report (repeatable; default: every column whose name contains 'err').",
@@ -211,7 +243,15 @@ def _coerce(value: str):
     metavar="EXPR",
     help="With --baseline: acceptance criterion (see `tracekit diff`).",
 )
-def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings, metrics, baselines, step, accepts):
+@click.option("--budget-tokens", type=click.IntRange(min=200), help="With --format feedback: token budget.")
+@click.option("--llm", is_flag=True, help="With --format feedback: a model writes the prose (checked; see docs/agents.md).")
+@click.option("--base-url", envvar="OPENAI_BASE_URL", help="With --llm: OpenAI-compatible endpoint.")
+@click.option("--model", help="With --llm: model id, e.g. glm-4.6.")
+@click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="With --llm: env var of the API key.")
+def analyze(
+    traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings, metrics, baselines, step, accepts,
+    budget_tokens, llm, base_url, model, api_key_env,
+):  # fmt: skip
     """Ingest traces (or open a .duckdb made by `ingest`), run the rules, print ranked findings.
 
     \b
@@ -239,6 +279,10 @@ def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings
         raise TracekitError("pass either one .duckdb database or trace files, not both")
     if (step or accepts) and not baselines:
         raise TracekitError("--step and --accept need --baseline")
+    if (budget_tokens or llm) and fmt != "feedback":
+        raise TracekitError("--budget-tokens and --llm need --format feedback")
+    if llm and not model:
+        raise TracekitError("--llm needs --model (and --base-url for a provider other than OpenAI)")
     if baselines and existing:
         raise TracekitError("--baseline compares trace files: pass the candidate's trace files, not a .duckdb")
     if accepts:
@@ -257,15 +301,25 @@ def analyze(traces, fmt, rule_keys, db_path, fail_on, params, rank, max_findings
     diff_doc = None
     if baselines:
         from .diff import render as render_diff
-        from .diff import run_diff
+        from .finding_status import diff_with_status
 
-        diff_doc = run_diff(list(baselines), list(traces), step=step, accept=accepts)
+        candidate = [f.as_dict() for f in findings]
+        diff_doc, status_doc = diff_with_status(list(baselines), list(traces), candidate, step, accepts, select, overrides)
         if fmt == "json":
             report["diff"] = diff_doc
-    render(report, fmt)
-    if diff_doc is not None and fmt != "json":
+            report["finding_status"] = status_doc
+    if fmt == "feedback":
+        from .cli_agent import emit_feedback
+
+        emit_feedback(findings, status_doc if baselines else None, budget_tokens, llm, base_url, model, api_key_env)
+    else:
+        render(report, fmt)
+    if diff_doc is not None and fmt not in ("json", "feedback"):
+        from .finding_status import to_text as status_text
+
         click.echo("")
         click.echo(render_diff(diff_doc, fmt), nl=False)
+        click.echo(status_text(status_doc), nl=False)
     worst = worst_severity(findings)
     if fail_on and worst and SEVERITY_RANK[worst] >= SEVERITY_RANK[fail_on]:
         sys.exit(1)
