@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_TRACE := sample_traces/gpu_prefill_decode_eager.json.gz
 
-.PHONY: demo test bench parity docs clean
+.PHONY: demo test bench bench-formats parity docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,9 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/run.py
+
+bench-formats: $(VENV)/.installed
+	$(BIN)/python benchmarks/formats.py
 
 parity: $(VENV)/.installed
 	$(BIN)/python benchmarks/hta_parity.py

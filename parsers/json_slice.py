@@ -161,6 +161,30 @@ def _split_tail(tail: bytes, path: Path, tail_offset: int) -> tuple[int, dict]:
     )
 
 
+def _array_end(tail: bytes, path: Path, tail_offset: int) -> tuple[int, bool]:
+    """Where the events of a JSON Array Format trace stop, from the array's last bytes.
+
+    Returns (offset in tail just past the last event, whether the array is exactly closed). The
+    format lets a writer stop without the closing ']' (a trace cut at the end of a write) and leave
+    a trailing comma, so both are accepted; a document cut inside an event is reported here when it
+    visibly ends mid-value, else by the JSON reader with its position.
+    """
+    body = tail.rstrip(WS)
+    closed = body.endswith(b"]")
+    if closed:
+        body = body[:-1].rstrip(WS)
+    comma = body.endswith(b",")
+    if comma:
+        body = body[:-1].rstrip(WS)
+    if not closed and not body.endswith((b"}", b"[")):
+        raise InputError(
+            path,
+            f"byte {tail_offset + len(tail.rstrip(WS))}",
+            "expected a complete event, ',' or ']' at the end of the event array (file truncated inside an event?)",
+        )
+    return len(body), closed and not comma
+
+
 def _temp_file(tmpdir: str | None) -> tuple[int, Path]:
     fd, name = tempfile.mkstemp(prefix="tracekit-", suffix=".json", dir=tmpdir)
     return fd, Path(name)
@@ -185,11 +209,11 @@ def _stage_plain(path: Path, tmpdir: str | None) -> Staged:
         meta: dict = {}
         if kind == b"[":  # JSON Array Format
             start = head.index(b"[")
-            f.seek(max(0, size - 64))
-            end = max(0, size - 64) + f.read().rstrip(WS).rfind(b"]")
-            if end <= start:
-                raise InputError(path, f"byte {size}", "expected ']' closing the event array (file truncated?)")
-            if size < 2 * PART_TARGET:
+            tail_off = max(start, size - TAIL_KEEP)  # from the '[' on when it is short: '[' alone is empty
+            f.seek(tail_off)
+            stop, exact = _array_end(f.read(), path, tail_off)
+            end = tail_off + stop
+            if exact and size < 2 * PART_TARGET:
                 return Staged(path, [path], {}, size, is_temp=False, part_offsets=[0])
         elif kind != b"{":
             raise InputError(path, "byte 0", "expected a JSON object or array (a Chrome/Kineto trace)")
@@ -305,7 +329,9 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
         with open(path, "rb") as f:
             while True:
                 chunk = f.read(CHUNK // 4)  # ~4-8x that once decompressed
-                if not chunk:
+                # a document under 64 bytes is still waiting in head at the end: one more pass for it
+                at_end = not chunk
+                if at_end and (array_start is not None or not head):
                     break
                 compressed_read += len(chunk)
                 try:
@@ -320,7 +346,7 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
                 total_out += len(data)
                 if array_start is None:
                     head += data
-                    if len(head) < 64 and total_out < 64:
+                    if len(head) < 64 and not at_end:
                         continue
                     kind = first_char(head[:CHUNK])
                     if kind == b"[":
@@ -330,6 +356,8 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
                     else:
                         found = _find_array_start(head, path)
                         if found is None:
+                            if at_end:
+                                break
                             continue
                     array_start = found
                     data, data_offset, head = head[found:], found, head[:found]
@@ -344,6 +372,8 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
                 os.write(fd, data)
                 part_written += len(data)
                 tail = (tail + data)[-TAIL_KEEP:]
+                if at_end:
+                    break
         if not dec.eof:
             raise InputError(path, f"compressed byte {compressed_read}", "gzip stream ends early (truncated file)")
         if array_start is None:
@@ -356,11 +386,14 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
             meta = _parse_head(head.rsplit(KEY, 1)[0], path)
             close, tail_meta = _split_tail(tail, path, tail_off)
             meta.update(tail_meta)
+            os.ftruncate(fd, part_written - len(tail) + close + 1)
         else:
-            close = tail.rstrip(WS).rfind(b"]")
-            if close < 0:
-                raise InputError(path, f"byte {total_out}", "expected ']' closing the event array (file truncated?)")
-        os.ftruncate(fd, part_written - len(tail) + close + 1)
+            # the closing ']' is rewritten: the array may lack it, or end in a trailing comma
+            stop, _ = _array_end(tail, path, tail_off)
+            keep = part_written - len(tail) + stop
+            os.ftruncate(fd, keep)
+            os.lseek(fd, keep, os.SEEK_SET)
+            os.write(fd, b"]")
     except BaseException:
         if fd >= 0:
             os.close(fd)

@@ -21,12 +21,13 @@ import orjson
 from tracekit.errors import InputError
 from tracekit.schema import CATEGORY_KINDS, DEVICE_KINDS
 
+from . import chrome_pairs
 from .json_slice import Staged
 
 FORMAT = "kineto"
 
 # Every key the Trace Event Format and Kineto define for an event. Keys outside this set are found
-# by sampling (see _extra_keys) and kept in event_rows.extra.
+# by sampling (see _sample_keys) and kept in event_rows.extra.
 EVENT_COLUMNS = {
     "ph": "VARCHAR",
     "cat": "VARCHAR",
@@ -78,14 +79,16 @@ def _skip_reason_expr() -> str:
 EXTRA_KEY_SAMPLE = 1 << 20  # bytes of the first part whose events are checked for unknown keys
 
 
-def _extra_keys(array_path: Path) -> list[str]:
+def _sample_keys(array_path: Path) -> tuple[list[str], bool]:
     """Top-level event keys outside the known set, from the events in the first MiB of the array
-    (a DuckDB schema sniff costs ~0.25 s even on small files)."""
+    (a DuckDB schema sniff costs ~0.25 s even on small files), and whether those events look like a
+    generic Chrome trace (a phase or key Kineto never writes)."""
     with open(array_path, "rb") as f:
         text = f.read(EXTRA_KEY_SAMPLE).decode("utf-8", "ignore")
     decoder = json.JSONDecoder()
     pos = text.find("[") + 1
     keys: set[str] = set()
+    phases: set = set()
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
@@ -95,8 +98,11 @@ def _extra_keys(array_path: Path) -> list[str]:
             event, pos = decoder.raw_decode(text, pos)
         except ValueError:  # cut off at the sample's end, or malformed (reported by the real read)
             break
-        keys.update(event)
-    return sorted(k for k in keys - set(EVENT_COLUMNS))
+        if isinstance(event, dict):
+            keys.update(event)
+            phases.add(event.get("ph"))
+    generic = bool(keys & set(chrome_pairs.GENERIC_COLUMNS)) or bool(phases - {None, *chrome_pairs.KINETO_PHASES})
+    return sorted(k for k in keys - set(EVENT_COLUMNS)), generic
 
 
 # DuckDB sizes its read buffers from maximum_object_size, so the default stays small and a file with
@@ -120,20 +126,30 @@ def load(
     ignore_errors: bool = False,
     exact: bool | None = None,
     max_object_bytes: int = DEFAULT_MAX_OBJECT,
+    generic_keys: bool | None = None,
 ) -> dict:
     """Insert one staged trace as run `run_id`; returns counts for the ingest log.
 
     Malformed JSON is fatal (with its position). Raises Reload when a second read is needed: for
     well-formed elements that are not objects (a number, a string), which ignore_errors turns into
     empty rows counted as skipped; for an event larger than DuckDB's read buffer (a huge stack or
-    args); and for a double-typed read that lost timestamp fractions. A failed statement aborts the
-    caller's transaction, hence the retry there, not here.
+    args); for a double-typed read that lost timestamp fractions; and for a generic Chrome trace whose
+    first MiB did not show it, so its pairing keys (id2, bind_id...) were not read (they are read only
+    when needed: every column costs Kineto files parse time). A failed statement aborts the caller's
+    transaction, hence the retry there, not here.
     """
     if exact is None:
         exact = _needs_exact_ts(staged.parts[0])
-    options = {"ignore_errors": ignore_errors, "exact": exact, "max_object_bytes": max_object_bytes}
+    options = {
+        "ignore_errors": ignore_errors,
+        "exact": exact,
+        "max_object_bytes": max_object_bytes,
+        "generic_keys": generic_keys,
+    }
     try:
         counts = _load(con, staged, run_id, **options)
+    except _GenericKeysNeeded:
+        raise Reload(**{**options, "generic_keys": True}) from None
     except InputError as e:
         text = str(e).lower()
         if "transform error" in text and not ignore_errors:
@@ -193,9 +209,22 @@ def _ts_ns_expr(exact: bool) -> str:
 RAW_TABLE = "_tracekit_raw_events"
 
 
-def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, max_object_bytes: int) -> dict:
-    extra = _extra_keys(staged.parts[0])
-    columns = dict(EVENT_COLUMNS)
+PID_N = "TRY_CAST(pid AS BIGINT)"
+TID_N = "coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT))"
+TRACK = "CASE WHEN pid_n IS NULL OR tid_n IS NULL OR TRY_CAST(tid AS BIGINT) IS NULL THEN pid || '/' || tid END"
+
+
+class _GenericKeysNeeded(Exception):
+    pass
+
+
+def _load(
+    con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, max_object_bytes: int, generic_keys: bool | None
+) -> dict:
+    extra, looks_generic = _sample_keys(staged.parts[0])
+    if generic_keys is None:
+        generic_keys = looks_generic
+    columns = dict(EVENT_COLUMNS) | (chrome_pairs.GENERIC_COLUMNS if generic_keys else {})
     if exact:
         columns["ts"] = "DECIMAL(38,3)"
     for key in extra:
@@ -205,33 +234,6 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, ma
     base_ns = _base_time_ns(staged.metadata)
     device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
     ignore_errors = "true" if ignore_errors else "false"
-    sql = f"""
-    INSERT INTO event_rows
-    WITH raw AS (
-        SELECT *, {_kind_expr()} AS kind0, {_skip_reason_expr()} AS skip_reason,
-               TRY_CAST(pid AS BIGINT) AS pid_n,
-               coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT)) AS tid_n,
-               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
-        FROM {RAW_TABLE}
-    )
-    SELECT {run_id},
-           CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,
-           ph, cat, name,
-           {_ts_ns_expr(exact)} + {base_ns},
-           CAST(round(dur * 1000) AS BIGINT),
-           pid_n, tid_n,
-           CASE WHEN pid_n IS NULL OR tid_n IS NULL OR TRY_CAST(tid AS BIGINT) IS NULL THEN pid || '/' || tid END,
-           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[1] AS INTEGER), TRY_CAST(pid_n AS INTEGER)) END,
-           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
-           CASE WHEN kind0 = 'flow' AND lower(cat) IN ('ac2g', 'async_cpu_to_gpu', 'async') THEN TRY_CAST(id AS BIGINT)
-                ELSE TRY_CAST(a[3] AS BIGINT) END,
-           TRY_CAST(coalesce(a[4], a[5]) AS BIGINT),
-           CASE WHEN kind0 = 'flow' THEN id END,
-           args,
-           {extra_sql},
-           NULL, NULL
-    FROM raw
-    """
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     # Two steps: the parts are parsed in parallel into a plain table first. Deriving the columns in the
     # same statement as the parse made DuckDB 2.0.1 append whole parts out of order (event_id would
@@ -244,9 +246,57 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, ma
         )
     except Exception as e:  # duckdb.Error subclasses; message carries the byte position
         raise _input_error(staged, e) from None
+    generic = chrome_pairs.needs_generic(con, RAW_TABLE, generic_keys)
+    if generic and not generic_keys:
+        raise _GenericKeysNeeded
+    notes = chrome_pairs.prepare(con, RAW_TABLE) if generic else {}
+    kind_sql, skip_sql, track_sql, flow_sql = (
+        _kind_expr(),
+        _skip_reason_expr(),
+        TRACK,
+        "CASE WHEN kind0 = 'flow' THEN id END",
+    )
+    tid_sql = "tid_n"
+    if generic:  # the overrides chrome_pairs set win; Kineto files never get here, so their SQL is unchanged
+        kind_sql, skip_sql = f"coalesce(_kind, {kind_sql})", f"coalesce(_skip, {skip_sql})"
+        track_sql, flow_sql = f"coalesce(_track, {track_sql})", f"coalesce(_flow_id, {flow_sql})"
+        tid_sql = "CASE WHEN _kind = 'async' THEN NULL ELSE tid_n END"
+        extra_sql = (
+            f"CASE WHEN _flag IS NULL THEN {extra_sql} "
+            f"ELSE json_merge_patch(coalesce({extra_sql}, '{{}}'::JSON), _flag) END"
+        )
+    sql = f"""
+    INSERT INTO event_rows
+    WITH raw AS (
+        SELECT *, {kind_sql} AS kind0, {skip_sql} AS skip_reason,
+               {PID_N} AS pid_n,
+               {TID_N} AS tid_n,
+               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
+        FROM {RAW_TABLE}
+    )
+    SELECT {run_id},
+           CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,
+           ph, cat, name,
+           {_ts_ns_expr(exact)} + {base_ns},
+           CAST(round(dur * 1000) AS BIGINT),
+           pid_n, {tid_sql},
+           {track_sql},
+           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[1] AS INTEGER), TRY_CAST(pid_n AS INTEGER)) END,
+           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
+           CASE WHEN kind0 = 'flow' AND lower(cat) IN ('ac2g', 'async_cpu_to_gpu', 'async') THEN TRY_CAST(id AS BIGINT)
+                ELSE TRY_CAST(a[3] AS BIGINT) END,
+           TRY_CAST(coalesce(a[4], a[5]) AS BIGINT),
+           {flow_sql},
+           args,
+           {extra_sql},
+           NULL, NULL
+    FROM raw
+    """
     con.execute(sql)
-    con.execute(f"DROP TABLE {RAW_TABLE}")
     after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
+    if generic:
+        notes.update(_fold_generic(con, run_id, exact, base_ns))
+    con.execute(f"DROP TABLE {RAW_TABLE}")
     skipped = dict(
         con.execute(
             "SELECT substr(kind, 7), count(*) FROM event_rows WHERE run_id = ? AND kind LIKE '\\_skip:%' ESCAPE '\\' GROUP BY 1",
@@ -256,7 +306,6 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, ma
     if skipped:
         con.execute("DELETE FROM event_rows WHERE run_id = ? AND kind LIKE '\\_skip:%' ESCAPE '\\'", [run_id])
     read = after - before
-    notes = {}
     if extra:
         notes["extra_event_keys"] = extra
     if "baseTimeNanoseconds" in staged.metadata:
@@ -264,6 +313,25 @@ def _load(con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, ma
     else:
         notes["clock"] = "ns = ts * 1000 (no baseTimeNanoseconds)"
     return {"events_read": read, "events_skipped": sum(skipped.values()), "skipped_reasons": skipped, "notes": notes}
+
+
+def _fold_generic(con, run_id: int, exact: bool, base_ns: int) -> dict:
+    """Drop the end events folded into their begins (read and ingested, but not rows of their own),
+    then append the flow v2 rows; both counted for the ingest log."""
+    folded = dict(
+        con.execute(
+            "SELECT ph, count(*) FROM event_rows WHERE run_id = ? AND kind = ? GROUP BY 1",
+            [run_id, chrome_pairs.PAIRED],
+        ).fetchall()
+    )
+    if folded:
+        con.execute("DELETE FROM event_rows WHERE run_id = ? AND kind = ?", [run_id, chrome_pairs.PAIRED])
+    before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
+    ts_ns = f"{_ts_ns_expr(exact)} + {base_ns}"
+    track = TRACK.replace("pid_n", PID_N).replace("tid_n", f"({TID_N})")
+    con.execute(chrome_pairs.flow_v2_sql(RAW_TABLE, run_id, ts_ns, PID_N, TID_N, track))
+    flows = con.execute("SELECT count(*) FROM event_rows").fetchone()[0] - before
+    return {"end_events_folded_into_begins": folded, "flow_v2_rows_added": flows}
 
 
 def _base_time_ns(meta: dict) -> int:

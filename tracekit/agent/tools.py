@@ -263,8 +263,10 @@ TOOLS: dict[str, Tool] = {
         ),
         Tool(
             "ingest",
-            "Load trace files (Kineto .json/.json.gz, Nsight Systems SQLite/CSV, Nsight Compute CSV, runtime-event "
-            "JSONL) into a new session database; returns its handle and per-file event counts.",
+            "Load trace files (PyTorch/Kineto or any Chrome trace JSON, Nsight Systems SQLite or nsys stats CSV, "
+            "Perfetto protobuf, Nsight Compute CSV, runtime-event JSONL, SGLang/vLLM server logs, OTLP/JSON spans, "
+            "serving benchmark JSON; recognised by content) into a new session database; a log given after a trace "
+            "joins its run. Returns the handle and per-file event counts.",
             _object({"paths": _PATHS, "labels": {"type": "array", "items": _STR}}, ("paths",)),
             ingest,
         ),
