@@ -405,6 +405,7 @@ def test_real_chromium_trace_reconciles_with_an_independent_pass(loaded):
     assert rows(con, "SELECT count(end_event_id) FROM flows")[0][0] == linked > 0
     threads = {(e["pid"], e["tid"]) for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
     assert threads <= set(rows(con, "SELECT pid, tid FROM threads WHERE name IS NOT NULL"))
+    assert rows(con, "SELECT format FROM runs") == rows(con, "SELECT format FROM ingest_log") == [("chrome_json",)]
 
 
 def test_real_node_trace_reconciles_with_an_independent_pass(loaded):
@@ -438,6 +439,7 @@ def test_generic_events_after_the_sampled_head_are_read_with_their_keys(tmp_path
 def test_kineto_traces_do_not_take_the_generic_path(loaded):
     con = loaded(corpus("hta__trace_diff__test.json.gz"))
     assert "chrome_json" not in log(con)["notes"]
+    assert rows(con, "SELECT format FROM runs") == [("kineto",)]
 
 
 # --- CLI --------------------------------------------------------------------------------------------

@@ -259,7 +259,7 @@ def _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, ali
     attached = []
     if logs:
         # the run's window is the profiler's: attached logs may reach far beyond it
-        run["window"] = _window(con, run_id, kineto.FORMAT)
+        run["window"] = _window(con, run_id, run["format"])
     for log in logs:
         log_started = time.perf_counter() - log.parse_seconds
         explicit = offsets.get(log.source)
@@ -507,12 +507,18 @@ def _discard(pending) -> None:
         pass
 
 
+CHROME_JSON = "chrome_json"  # a Chrome trace from another producer, read by the same reader as Kineto
+
+
 def _load_events(con, staged, rank: int | None, label: str | None, options: dict) -> tuple[int, dict, dict]:
     from tracekit.parsers import kineto
 
     run_id = dbmod.next_run_id(con)
     run = kineto.describe_run(staged, rank, label)
-    return run_id, run, kineto.load(con, staged, run_id, **options)
+    counts = kineto.load(con, staged, run_id, **options)
+    if "chrome_json" in counts["notes"]:
+        run["format"] = CHROME_JSON  # it had phases or keys the PyTorch profiler never writes
+    return run_id, run, counts
 
 
 def _derive(con, staged, run_id: int, run: dict, counts: dict, started: float, attached=()) -> list[IngestResult]:
@@ -571,12 +577,11 @@ def _log_runtime(con, log, run_id: int, rank, note: dict, seconds: float) -> Ing
 
 
 def _log(con, staged, run_id: int, run: dict, counts: dict, started: float) -> IngestResult:
-    from tracekit.parsers import kineto
 
     result = IngestResult(
         run_id=run_id,
         source=str(staged.source),
-        format=kineto.FORMAT,
+        format=run["format"],
         bytes_read=staged.bytes_read,
         events_read=counts["events_read"],
         events_ingested=counts["events_read"] - counts["events_skipped"],
