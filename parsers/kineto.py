@@ -271,7 +271,8 @@ def _load(
         SELECT *, {kind_sql} AS kind0, {skip_sql} AS skip_reason,
                {PID_N} AS pid_n,
                {TID_N} AS tid_n,
-               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
+               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a,
+               rowid AS raw_row
         FROM {RAW_TABLE}
     )
     SELECT {run_id},
@@ -291,6 +292,9 @@ def _load(
            {extra_sql},
            NULL, NULL
     FROM raw
+    -- without the sort DuckDB 2.0.1 appends this parallel projection's row groups in a varying order,
+    -- so event_id (rowid) would differ between two ingests of one file and stop being file order
+    ORDER BY raw_row
     """
     con.execute(sql)
     after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
