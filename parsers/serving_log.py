@@ -95,9 +95,9 @@ def detect(path: Path) -> bool:
         return False
     lines = [_clean(x) for x in head.split(b"\n")[:2000]]
     for line in lines:
-        if SGL_BATCH.search(line) and SGL_TS.search(line) or VLLM_STATS.search(line) and VLLM_TS.search(line):
+        if _sgl_batch(line) and SGL_TS.search(line) or _vllm_stats(line) and _vllm_ts(line):
             return True
-    stamped = sum(1 for line in lines if SGL_TS.match(line) or VLLM_TS.search(line))
+    stamped = sum(1 for line in lines if SGL_TS.match(line) or _vllm_ts(line))
     return stamped >= 3 or bool(lines) and bool(SGL_TS.match(lines[0])) and stamped >= 1
 
 
@@ -153,6 +153,24 @@ def _row(kind, ph, name, ts, dur, pid, tid, args, line_no, track=None):
             orjson.dumps(args).decode(), extra)  # fmt: skip
 
 
+# Request lines can be hundreds of KB (SGLang logs whole prompts): unanchored searches for patterns
+# that start with a word boundary or an optional group cost ~0.1 ms per KB, so a cheap substring test
+# or a bounded window decides first.
+VLLM_TS_WINDOW = 200  # vLLM puts its level and time at the start, after the process prefix and colour codes
+
+
+def _vllm_ts(line: str):
+    return VLLM_TS.search(line, 0, VLLM_TS_WINDOW)
+
+
+def _sgl_batch(line: str):
+    return SGL_BATCH.search(line) if " batch" in line else None
+
+
+def _vllm_stats(line: str):
+    return VLLM_STATS.search(line) if "Avg prompt throughput: " in line else None
+
+
 def read(path: Path) -> Export:
     path = Path(path)
     try:
@@ -182,14 +200,14 @@ def read(path: Path) -> Export:
         if m := PROC.match(body):  # vLLM's `(APIServer pid=18908) ` prefix
             pid = int(m.group(2)) if m.group(2) else None
             body = body[m.end() :]
-        sgl, vll = SGL_TS.search(body), VLLM_TS.search(body)
+        sgl, vll = SGL_TS.search(body), _vllm_ts(body)
         ts = clock.sglang(sgl) if sgl else clock.vllm(vll) if vll else None
         if sgl or vll:
             in_traceback = False
             servers.add("sglang" if sgl else "vllm")
         if "Traceback (most recent call last)" in body:
             in_traceback = True
-        if m := SGL_BATCH.search(body):
+        if m := _sgl_batch(body):
             stage = m.group(1).lower()
             fields = _fields(body[m.end() :].rstrip().rstrip(","))
             if ts is None:
@@ -200,7 +218,7 @@ def read(path: Path) -> Export:
                 tid = _rank(sgl.group(8) if sgl else None)
                 out.rows.append(_row("counter", "C", f"sglang.{stage}_batch", ts, None, pid or 0, tid, fields, line_no))
             continue
-        if m := VLLM_STATS.search(body):
+        if m := _vllm_stats(body):
             fields = _fields(m.group(2).rstrip().rstrip("."))
             if ts is None:
                 out.skipped["log line: statistic without a timestamp"] += 1
