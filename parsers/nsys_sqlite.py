@@ -2,6 +2,9 @@
 
 Read with Python's sqlite3 (DuckDB's sqlite extension is not available offline). Tables and columns
 are probed (sqlite_master, PRAGMA table_info), never assumed: the schema changes every release.
+`read` probes the file and returns an Export whose `loader` streams each event table in batches of
+the needed columns into Arrow and maps them in DuckDB SQL (`INSERT INTO event_rows SELECT ...`), so
+memory follows the batch size, not the file, and no row becomes a Python object beyond its fetch.
 
 Mapping (see docs/schema.md, "Nsight Systems exports"):
 
@@ -21,9 +24,7 @@ still pairs each call with its own process's GPU work.
 
 from __future__ import annotations
 
-import re
 import sqlite3
-from collections import Counter
 from pathlib import Path
 
 import orjson
@@ -53,8 +54,10 @@ MEM_KINDS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 
 SYNC_TYPES = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
 
 NVTX_PUSHPOP, NVTX_STARTEND, NVTX_MARK, NVTX_DOMAIN_CREATE = 59, 60, 34, 75
-VERSION_SUFFIX = re.compile(r"_v\d+$")
+VERSION_SUFFIX = "_v[0-9]+$"  # a DuckDB (RE2) pattern
 TID_MASK = 0x1000000
+OTHER_CLASS = "runtime row of another event class (not CUDA runtime/driver)"
+BATCH_ROWS = 100_000  # rows fetched, converted and inserted at a time: the reader's memory bound
 
 
 def is_nsys_path(path: Path) -> bool:
@@ -70,12 +73,13 @@ def _pid(global_tid):
     return None if global_tid is None else global_tid // TID_MASK % TID_MASK
 
 
-def _tid(global_tid):
-    return None if global_tid is None else global_tid % TID_MASK
+def _connect(path: Path):
+    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
 
 
-def read(path: Path) -> Export:
-    """Every row of the event tables, mapped; InputError for a file that is not a readable nsys export."""
+def read(path: Path, batch_rows: int = BATCH_ROWS) -> Export:
+    """The export's run-level facts now and its event tables when the Export's loader runs (every row
+    ingested or counted as skipped); InputError for a file that is not a readable nsys export."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -85,11 +89,11 @@ def read(path: Path) -> Export:
     if head != MAGIC:
         raise InputError(path, "byte 0", "expected an Nsight Systems SQLite export (SQLite header)")
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        con = _connect(path)
     except sqlite3.Error as e:
         raise InputError(path, "database", f"expected a readable SQLite database ({e})") from None
     try:
-        return _read(con, path)
+        return _read(con, path, batch_rows)
     except sqlite3.Error as e:
         raise InputError(path, "database", f"expected a readable Nsight Systems SQLite export ({e})") from None
     finally:
@@ -100,25 +104,28 @@ def _columns(con, table: str) -> set[str]:
     return {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
 
 
-def _select(con, table: str, wanted: list[str]):
+def _select(con, table: str, wanted: list[str], where: str = ""):
     """Rows of `table` as dicts with every wanted column (None when the export lacks it), in rowid order."""
     have = _columns(con, table)
     cols = [c for c in wanted if c in have]
-    cur = con.execute(f'SELECT {", ".join(f"{chr(34)}{c}{chr(34)}" for c in cols)} FROM "{table}" ORDER BY rowid')
+    if not cols:
+        return
+    cur = con.execute(
+        f'SELECT {", ".join(f"{chr(34)}{c}{chr(34)}" for c in cols)} FROM "{table}" {where} ORDER BY rowid'
+    )
     for row in cur:
         d = dict.fromkeys(wanted)
         d.update(zip(cols, row))
         yield d
 
 
-def _read(con, path: Path) -> Export:
+def _read(con, path: Path, batch_rows: int) -> Export:
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables) and NVTX not in tables:
         raise InputError(
             path, "tables", "expected an Nsight Systems export: no CUPTI_ACTIVITY_KIND_* or NVTX_EVENTS table"
         )
     out = Export(path)
-    strings = dict(con.execute("SELECT id, value FROM StringIds")) if "StringIds" in tables else {}
     base = 0
     if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(con, "TARGET_INFO_SESSION_START_TIME"):
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
@@ -151,178 +158,334 @@ def _read(con, path: Path) -> Export:
     if multi:
         out.notes["correlation"] = "several processes: correlation = pid * 2**32 + correlationId (raw id in args)"
 
-    def corr(cid, pid):
-        if cid is None:
-            return None
-        return (pid << 32) + cid if multi and pid is not None else cid
+    def loader(duck, run_id: int, offset: int = 0) -> None:
+        src = _connect(path)
+        try:
+            _load(src, duck, out, present, "StringIds" in tables, run_id, base + offset, multi, batch_rows)
+        except sqlite3.Error as e:
+            raise InputError(path, "database", f"expected a readable Nsight Systems SQLite export ({e})") from None
+        finally:
+            src.close()
 
-    def emit(table, kind, ph, cat, name, ts, dur, pid, tid, device, stream, correlation, args):
-        out.rows.append((kind, ph, cat, name, None if ts is None else ts + base, dur, pid, tid, None, device, stream,
-                         correlation, None, None, orjson.dumps(args).decode() if args is not None else None,
-                         orjson.dumps({"nsys_table": table}).decode()))  # fmt: skip
-
-    def skip(table, reason):
-        out.skipped[reason] += 1
-
-    def interval(table, r, what):
-        if r["start"] is None:
-            skip(table, f"{what} without start")
-            return None
-        if r["end"] is None:
-            skip(table, f"{what} without end")
-            return None
-        if r["end"] < r["start"]:
-            skip(table, f"{what} with end before start")
-            return None
-        return r["end"] - r["start"]
-
-    if THREAD_NAMES in tables:
-        for r in _select(con, THREAD_NAMES, ["nameId", "priority", "globalTid"]):
-            out.read[THREAD_NAMES] += 1
-            name = strings.get(r["nameId"])
-            if name is None or r["globalTid"] is None:
-                skip(
-                    THREAD_NAMES,
-                    "thread name with unknown string id" if name is None else "thread name without globalTid",
-                )
-                continue
-            emit(THREAD_NAMES, "metadata", "M", None, "thread_name", None, None, _pid(r["globalTid"]),
-                 _tid(r["globalTid"]), None, None, None, {"name": name, "priority": r["priority"]})  # fmt: skip
-
-    if RUNTIME in tables:
-        cols = ["start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue", "callchainId"]
-        classes: Counter = Counter()
-        for r in _select(con, RUNTIME, cols):
-            out.read[RUNTIME] += 1
-            dur = interval(RUNTIME, r, "runtime call")
-            if dur is None:
-                continue
-            raw = strings.get(r["nameId"])
-            if raw is None:
-                skip(RUNTIME, "runtime call with unknown string id")
-                continue
-            if r["eventClass"] not in (None, 0, 1):
-                # e.g. class 67 in pipit's altered saxpy export: a second row per call, same correlation id
-                classes[r["eventClass"]] += 1
-                skip(RUNTIME, "runtime row of another event class (not CUDA runtime/driver)")
-                continue
-            kind = "cuda_driver" if r["eventClass"] == 1 else "cuda_runtime"
-            pid, tid = _pid(r["globalTid"]), _tid(r["globalTid"])
-            args = {"correlation": r["correlationId"], "nsys name": raw, "eventClass": r["eventClass"],
-                    "returnValue": r["returnValue"]}  # fmt: skip
-            emit(RUNTIME, kind, "X", kind, VERSION_SUFFIX.sub("", raw), r["start"], dur, pid, tid, None, None,
-                 corr(r["correlationId"], pid), args)  # fmt: skip
-        if classes:
-            out.notes["runtime_other_event_classes"] = {str(k): v for k, v in sorted(classes.items())}
-
-    if NVTX in tables:
-        cols = ["start", "end", "eventType", "rangeId", "category", "color", "text", "globalTid", "endGlobalTid",
-                "textId", "domainId"]  # fmt: skip
-        nvtx = list(_select(con, NVTX, cols))
-        domains = {r["domainId"]: r["text"] or strings.get(r["textId"]) for r in nvtx
-                   if r["eventType"] == NVTX_DOMAIN_CREATE}  # fmt: skip
-        for r in nvtx:
-            out.read[NVTX] += 1
-            etype = r["eventType"]
-            if etype not in (NVTX_PUSHPOP, NVTX_STARTEND, NVTX_MARK):
-                skip(NVTX, "nvtx event that is not a range or mark (domain/category/thread naming)")
-                continue
-            text = r["text"] if r["text"] is not None else strings.get(r["textId"])
-            if text is None:
-                skip(
-                    NVTX, "nvtx event with unknown string id" if r["textId"] is not None else "nvtx event without text"
-                )
-                continue
-            args = {"domain": domains.get(r["domainId"]) if r["domainId"] else None, "domainId": r["domainId"],
-                    "eventType": "push/pop" if etype == NVTX_PUSHPOP else "start/end" if etype == NVTX_STARTEND else "mark",
-                    "category": r["category"], "color": r["color"]}  # fmt: skip
-            pid, tid = _pid(r["globalTid"]), _tid(r["globalTid"])
-            if etype == NVTX_MARK:
-                if r["start"] is None:
-                    skip(NVTX, "nvtx mark without start")
-                    continue
-                emit(NVTX, "user_annotation", "i", "user_annotation", text, r["start"], None, pid, tid, None, None,
-                     None, args)  # fmt: skip
-                continue
-            dur = interval(NVTX, r, "nvtx range")
-            if dur is None:
-                continue
-            if r["endGlobalTid"] is not None and r["endGlobalTid"] != r["globalTid"]:
-                args["end tid"] = _tid(r["endGlobalTid"])
-            emit(NVTX, "user_annotation", "X", "user_annotation", text, r["start"], dur, pid, tid, None, None, None,
-                 args)  # fmt: skip
-
-    gpu_common = ["start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid"]
-    if KERNEL in tables:
-        cols = gpu_common + ["demangledName", "shortName", "mangledName", "registersPerThread", "gridX", "gridY",
-                             "gridZ", "blockX", "blockY", "blockZ", "staticSharedMemory", "dynamicSharedMemory",
-                             "localMemoryPerThread", "launchType", "graphNodeId", "gridId"]  # fmt: skip
-        for r in _select(con, KERNEL, cols):
-            out.read[KERNEL] += 1
-            dur = interval(KERNEL, r, "kernel")
-            if dur is None:
-                continue
-            name = strings.get(r["demangledName"]) or strings.get(r["shortName"]) or strings.get(r["mangledName"])
-            if name is None:
-                skip(KERNEL, "kernel with unknown string id")
-                continue
-            shared = None
-            if r["staticSharedMemory"] is not None or r["dynamicSharedMemory"] is not None:
-                shared = (r["staticSharedMemory"] or 0) + (r["dynamicSharedMemory"] or 0)
-            args = {"device": r["deviceId"], "stream": r["streamId"], "correlation": r["correlationId"],
-                    "context": r["contextId"], "registers per thread": r["registersPerThread"],
-                    "shared memory": shared, "static shared memory": r["staticSharedMemory"],
-                    "dynamic shared memory": r["dynamicSharedMemory"], "grid": [r["gridX"], r["gridY"], r["gridZ"]],
-                    "block": [r["blockX"], r["blockY"], r["blockZ"]], "short name": strings.get(r["shortName"]),
-                    "process": _pid(r["globalPid"]), "graph node id": r["graphNodeId"]}  # fmt: skip
-            emit(KERNEL, "kernel", "X", "kernel", name, r["start"], dur, r["deviceId"], r["streamId"], r["deviceId"],
-                 r["streamId"], corr(r["correlationId"], _pid(r["globalPid"])), args)  # fmt: skip
-
-    if MEMCPY in tables:
-        cols = gpu_common + ["bytes", "copyKind", "srcKind", "dstKind", "srcDeviceId", "dstDeviceId", "graphNodeId"]
-        for r in _select(con, MEMCPY, cols):
-            out.read[MEMCPY] += 1
-            dur = interval(MEMCPY, r, "memcpy")
-            if dur is None:
-                continue
-            name = f"Memcpy {MEMCPY_KINDS.get(r['copyKind'], 'kind ' + str(r['copyKind']))}"
-            if r["srcKind"] is not None and r["dstKind"] is not None:
-                name += f" ({MEM_KINDS.get(r['srcKind'], r['srcKind'])} -> {MEM_KINDS.get(r['dstKind'], r['dstKind'])})"
-            args = {"device": r["deviceId"], "stream": r["streamId"], "correlation": r["correlationId"],
-                    "context": r["contextId"], "bytes": r["bytes"], "copyKind": r["copyKind"], "srcKind": r["srcKind"],
-                    "dstKind": r["dstKind"], "srcDeviceId": r["srcDeviceId"], "dstDeviceId": r["dstDeviceId"],
-                    "process": _pid(r["globalPid"])}  # fmt: skip
-            emit(MEMCPY, "gpu_memcpy", "X", "gpu_memcpy", name, r["start"], dur, r["deviceId"], r["streamId"],
-                 r["deviceId"], r["streamId"], corr(r["correlationId"], _pid(r["globalPid"])), args)  # fmt: skip
-
-    if MEMSET in tables:
-        for r in _select(con, MEMSET, gpu_common + ["bytes", "value", "memKind"]):
-            out.read[MEMSET] += 1
-            dur = interval(MEMSET, r, "memset")
-            if dur is None:
-                continue
-            name = "Memset" + (f" ({MEM_KINDS.get(r['memKind'], r['memKind'])})" if r["memKind"] is not None else "")
-            args = {"device": r["deviceId"], "stream": r["streamId"], "correlation": r["correlationId"],
-                    "context": r["contextId"], "bytes": r["bytes"], "value": r["value"], "memKind": r["memKind"],
-                    "process": _pid(r["globalPid"])}  # fmt: skip
-            emit(MEMSET, "gpu_memset", "X", "gpu_memset", name, r["start"], dur, r["deviceId"], r["streamId"],
-                 r["deviceId"], r["streamId"], corr(r["correlationId"], _pid(r["globalPid"])), args)  # fmt: skip
-
-    if SYNC in tables:
-        for r in _select(con, SYNC, gpu_common + ["syncType", "eventId"]):
-            out.read[SYNC] += 1
-            dur = interval(SYNC, r, "synchronization")
-            if dur is None:
-                continue
-            name = SYNC_TYPES.get(r["syncType"], f"sync type {r['syncType']}")
-            args = {"device": r["deviceId"], "stream": r["streamId"], "correlation": r["correlationId"],
-                    "context": r["contextId"], "syncType": r["syncType"], "eventId": r["eventId"],
-                    "process": _pid(r["globalPid"])}  # fmt: skip
-            # a sync's correlation id is the sync API call's, not a launch: kept in args only, so the
-            # launches view (runtime call <-> GPU work) is not widened by it
-            emit(SYNC, "cuda_sync", "X", "cuda_sync", name, r["start"], dur, r["deviceId"], r["streamId"],
-                 r["deviceId"], r["streamId"], None, args)  # fmt: skip
-
-    out.notes["rows_read"] = dict(out.read)
+    out.loader = loader
     return out
+
+
+# --- the mapping, as DuckDB SQL over one Arrow batch `b` of a table (columns as in the export) ---
+
+
+def _pid_sql(col: str) -> str:
+    return f'((b."{col}" >> 24) & {TID_MASK - 1})'  # = globalTid // 2**24 % 2**24, also for negative ids
+
+
+def _tid_sql(col: str) -> str:
+    return f'(b."{col}" & {TID_MASK - 1})'
+
+
+def _lookup_sql(mapping: dict, expr: str, default: str) -> str:
+    whens = " ".join(f"WHEN {k} THEN '{v}'" for k, v in mapping.items())
+    return f"(CASE {expr} {whens} ELSE {default} END)"
+
+
+def _interval_sql(what: str) -> str:
+    return (
+        f"WHEN b.start IS NULL THEN '{what} without start' WHEN b.\"end\" IS NULL THEN '{what} without end' "
+        f"WHEN b.\"end\" < b.start THEN '{what} with end before start'"
+    )
+
+
+def _json_sql(pairs: list[tuple[str, str]]) -> str:
+    return "json_object(" + ", ".join(f"'{k}', {v}" for k, v in pairs) + ")"
+
+
+def _str_sql(expr: str) -> str:
+    """str() of a Python int or None, as the f-strings of the row-by-row reader wrote them."""
+    return f"coalesce(CAST({expr} AS VARCHAR), 'None')"
+
+
+GPU_COLUMNS = ["start", "end", "deviceId", "contextId", "streamId", "correlationId", "globalPid"]
+
+
+def _gpu_args(extra: list[tuple[str, str]]) -> str:
+    return _json_sql(
+        [("device", "b.deviceId"), ("stream", "b.streamId"), ("correlation", "b.correlationId"),
+         ("context", "b.contextId"), *extra, ("process", _pid_sql("globalPid"))]
+    )  # fmt: skip
+
+
+def _spec(table: str, multi: bool) -> dict:
+    """Columns to fetch, string joins (alias -> id column), skip reason, a detail counted with skips, and
+    the event_rows expressions (ROW_FIELDS order, ts without the shift) of one event table."""
+
+    def corr(pid_sql: str) -> str:
+        if not multi:
+            return "b.correlationId"
+        return f"(CASE WHEN b.correlationId IS NULL OR {pid_sql} IS NULL THEN b.correlationId ELSE ({pid_sql} << 32) + b.correlationId END)"  # noqa: E501
+
+    dur = 'b."end" - b.start'
+    gpu = {"ph": "'X'", "ts": "b.start", "dur": dur, "pid": "b.deviceId", "tid": "b.streamId", "device": "b.deviceId",
+           "stream": "b.streamId"}  # fmt: skip
+    if table == THREAD_NAMES:
+        return {
+            "cols": ["nameId", "priority", "globalTid"],
+            "joins": {"s": "nameId"},
+            "reason": "CASE WHEN s.value IS NULL THEN 'thread name with unknown string id' "
+            "WHEN b.globalTid IS NULL THEN 'thread name without globalTid' END",
+            "row": {"kind": "'metadata'", "ph": "'M'", "name": "'thread_name'", "pid": _pid_sql("globalTid"),
+                    "tid": _tid_sql("globalTid"), "args": _json_sql([("name", "s.value"), ("priority", "b.priority")])},
+        }  # fmt: skip
+    if table == RUNTIME:
+        kind = "(CASE WHEN b.eventClass = 1 THEN 'cuda_driver' ELSE 'cuda_runtime' END)"
+        return {
+            "cols": ["start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue"],
+            "joins": {"s": "nameId"},
+            "reason": f"CASE {_interval_sql('runtime call')} WHEN s.value IS NULL THEN 'runtime call with unknown "
+            f"string id' WHEN b.eventClass NOT IN (0, 1) THEN '{OTHER_CLASS}' END",
+            # e.g. class 67 in pipit's altered saxpy export: a second row per call, same correlation id
+            "detail": "b.eventClass",
+            "row": {"kind": kind, "ph": "'X'", "cat": kind, "name": f"regexp_replace(s.value, '{VERSION_SUFFIX}', '')",
+                    "ts": "b.start", "dur": dur, "pid": _pid_sql("globalTid"), "tid": _tid_sql("globalTid"),
+                    "correlation": corr(_pid_sql("globalTid")),
+                    "args": _json_sql([("correlation", "b.correlationId"), ("nsys name", "s.value"),
+                                       ("eventClass", "b.eventClass"), ("returnValue", "b.returnValue")])},
+        }  # fmt: skip
+    if table == NVTX:
+        text = "coalesce(b.text, s.value)"
+        etype = (f"(CASE b.eventType WHEN {NVTX_PUSHPOP} THEN 'push/pop' WHEN {NVTX_STARTEND} THEN 'start/end' "
+                 "ELSE 'mark' END)")  # fmt: skip
+        pairs = [("domain", "(CASE WHEN b.domainId <> 0 THEN d.name END)"), ("domainId", "b.domainId"),
+                 ("eventType", etype), ("category", "b.category"), ("color", "b.color")]  # fmt: skip
+        end_tid = (
+            f"b.eventType <> {NVTX_MARK} AND b.endGlobalTid IS NOT NULL AND b.endGlobalTid IS DISTINCT FROM b.globalTid"  # noqa: E501
+        )
+        args = f"(CASE WHEN {end_tid} THEN {_json_sql(pairs + [('end tid', _tid_sql('endGlobalTid'))])} ELSE {_json_sql(pairs)} END)"  # noqa: E501
+        return {
+            "cols": ["start", "end", "eventType", "category", "color", "text", "globalTid", "endGlobalTid", "textId",
+                     "domainId"],
+            "joins": {"s": "textId"},
+            "domains": True,
+            "reason": f"CASE WHEN b.eventType IS NULL OR b.eventType NOT IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}, {NVTX_MARK}) "
+            "THEN 'nvtx event that is not a range or mark (domain/category/thread naming)' "
+            f"WHEN {text} IS NULL THEN (CASE WHEN b.textId IS NOT NULL THEN 'nvtx event with unknown string id' "
+            "ELSE 'nvtx event without text' END) "
+            f"WHEN b.eventType = {NVTX_MARK} THEN (CASE WHEN b.start IS NULL THEN 'nvtx mark without start' END) "
+            f"{_interval_sql('nvtx range')} END",
+            "row": {"kind": "'user_annotation'", "ph": f"(CASE WHEN b.eventType = {NVTX_MARK} THEN 'i' ELSE 'X' END)",
+                    "cat": "'user_annotation'", "name": text, "ts": "b.start",
+                    "dur": f"(CASE WHEN b.eventType = {NVTX_MARK} THEN NULL ELSE {dur} END)",
+                    "pid": _pid_sql("globalTid"), "tid": _tid_sql("globalTid"), "args": args},
+        }  # fmt: skip
+    if table == KERNEL:
+        shared = ("(CASE WHEN b.staticSharedMemory IS NOT NULL OR b.dynamicSharedMemory IS NOT NULL THEN "
+                  "coalesce(b.staticSharedMemory, 0) + coalesce(b.dynamicSharedMemory, 0) END)")  # fmt: skip
+        # the row-by-row reader took the first name that was not empty (Python's `or`)
+        name = "coalesce(nullif(sd.value, ''), nullif(ss.value, ''), sm.value)"
+        args = _gpu_args(
+            [
+                ("registers per thread", "b.registersPerThread"),
+                ("shared memory", shared),
+                ("static shared memory", "b.staticSharedMemory"),
+                ("dynamic shared memory", "b.dynamicSharedMemory"),
+                ("grid", "json_array(b.gridX, b.gridY, b.gridZ)"),
+                ("block", "json_array(b.blockX, b.blockY, b.blockZ)"),
+                ("short name", "ss.value"),
+            ]
+        )
+        args = args[:-1] + ", 'graph node id', b.graphNodeId)"
+        return {
+            "cols": GPU_COLUMNS + ["demangledName", "shortName", "mangledName", "registersPerThread", "gridX", "gridY",
+                                   "gridZ", "blockX", "blockY", "blockZ", "staticSharedMemory", "dynamicSharedMemory",
+                                   "graphNodeId"],
+            "joins": {"sd": "demangledName", "ss": "shortName", "sm": "mangledName"},
+            "reason": f"CASE {_interval_sql('kernel')} WHEN {name} IS NULL THEN 'kernel with unknown string id' END",
+            "row": {"kind": "'kernel'", "cat": "'kernel'", "name": name, "correlation": corr(_pid_sql("globalPid")),
+                    "args": args, **gpu},
+        }  # fmt: skip
+    if table == MEMCPY:
+        mem = ", ".join(
+            f"{_lookup_sql(MEM_KINDS, f'b.{c}', f'CAST(b.{c} AS VARCHAR)')}" for c in ("srcKind", "dstKind")
+        )
+        src_dst = f"(CASE WHEN b.srcKind IS NOT NULL AND b.dstKind IS NOT NULL THEN ' (' || concat_ws(' -> ', {mem}) || ')' ELSE '' END)"  # noqa: E501
+        name = f"'Memcpy ' || {_lookup_sql(MEMCPY_KINDS, 'b.copyKind', chr(39) + 'kind ' + chr(39) + ' || ' + _str_sql('b.copyKind'))} || {src_dst}"  # noqa: E501
+        args = _gpu_args(
+            [(c, f"b.{c}") for c in ("bytes", "copyKind", "srcKind", "dstKind", "srcDeviceId", "dstDeviceId")]
+        )
+        return {
+            "cols": GPU_COLUMNS + ["bytes", "copyKind", "srcKind", "dstKind", "srcDeviceId", "dstDeviceId"],
+            "reason": f"CASE {_interval_sql('memcpy')} END",
+            "row": {"kind": "'gpu_memcpy'", "cat": "'gpu_memcpy'", "name": name,
+                    "correlation": corr(_pid_sql("globalPid")), "args": args, **gpu},
+        }  # fmt: skip
+    if table == MEMSET:
+        kind = _lookup_sql(MEM_KINDS, "b.memKind", "CAST(b.memKind AS VARCHAR)")
+        return {
+            "cols": GPU_COLUMNS + ["bytes", "value", "memKind"],
+            "reason": f"CASE {_interval_sql('memset')} END",
+            "row": {"kind": "'gpu_memset'", "cat": "'gpu_memset'",
+                    "name": f"'Memset' || (CASE WHEN b.memKind IS NOT NULL THEN ' (' || {kind} || ')' ELSE '' END)",
+                    "correlation": corr(_pid_sql("globalPid")),
+                    "args": _gpu_args([(c, f"b.{c}") for c in ("bytes", "value", "memKind")]), **gpu},
+        }  # fmt: skip
+    assert table == SYNC
+    return {
+        "cols": GPU_COLUMNS + ["syncType", "eventId"],
+        "reason": f"CASE {_interval_sql('synchronization')} END",
+        # a sync's correlation id is the sync API call's, not a launch: kept in args only, so the
+        # launches view (runtime call <-> GPU work) is not widened by it
+        "row": {"kind": "'cuda_sync'", "cat": "'cuda_sync'",
+                "name": _lookup_sql(SYNC_TYPES, "b.syncType", f"'sync type ' || {_str_sql('b.syncType')}"),
+                "args": _gpu_args([("syncType", "b.syncType"), ("eventId", "b.eventId")]), **gpu},
+    }  # fmt: skip
+
+
+def _statements(table: str, spec: dict, run_id: int, shift: int) -> tuple[str, str]:
+    """The INSERT of a batch's mapped rows and the count of its skipped rows by reason (and detail)."""
+    joins = "".join(f' LEFT JOIN _nsys_strings {a} ON {a}.id = b."{c}"' for a, c in spec.get("joins", {}).items())
+    if spec.get("domains"):
+        joins += " LEFT JOIN _nsys_domains d ON d.id = b.domainId"
+    source = f"FROM _nsys_batch b{joins}"
+    row = spec["row"]
+    ts = row.get("ts")
+    values = {**row, "ts": f"{ts} + {int(shift)}" if ts else None}
+    fields = ("kind", "ph", "cat", "name", "ts", "dur", "pid", "tid", "track", "device", "stream", "correlation")
+    exprs = ", ".join(values.get(f) or "NULL" for f in fields)
+    extra = orjson.dumps({"nsys_table": table}).decode()
+    insert = (
+        f"INSERT INTO event_rows SELECT {int(run_id)}::INTEGER, {exprs}, NULL, NULL, {row['args']}, "
+        f"'{extra}'::JSON, NULL, NULL {source} WHERE ({spec['reason']}) IS NULL ORDER BY b._rowid"
+    )
+    counts = (
+        f"SELECT reason, detail, count(*) FROM (SELECT {spec['reason']} AS reason, {spec.get('detail', 'NULL')} "
+        f"AS detail {source}) WHERE reason IS NOT NULL GROUP BY ALL"
+    )
+    return insert, counts
+
+
+def _batches(src, path: Path, table: str, wanted: list[str], have: set[str], batch_rows: int):
+    """(rows, Arrow table of `_rowid` and the wanted columns) per batch of `table`, in rowid order.
+
+    SQLite formats each batch as one CSV text (printf per row, group_concat) that Arrow parses: no
+    Python object per row or value. Integers are written bare, text SQL-quoted ('it''s', NULL bare), so
+    an empty text stays apart from NULL; a column the export lacks is all NULL."""
+    import pyarrow as pa
+    from pyarrow import csv
+
+    types = {"_rowid": pa.int64(), **{c: pa.string() if c == "text" else pa.int64() for c in wanted}}
+    values = ", ".join(
+        "NULL" if c not in have else f'"{c}"' if types[c] == pa.int64() else f'CAST("{c}" AS TEXT)' for c in wanted
+    )
+    fmt = ",".join(["%s"] + ["%s" if types[c] == pa.int64() else "%Q" for c in wanted])
+    query = (
+        f"SELECT max(r), count(*), group_concat(line, char(10)) FROM (SELECT rowid AS r, printf('{fmt}', rowid, "
+        f'{values}) AS line FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT ?)'
+    )
+    parse = csv.ParseOptions(quote_char="'", double_quote=True, newlines_in_values="text" in wanted)
+    convert = csv.ConvertOptions(
+        column_types=types, null_values=["", "NULL"], strings_can_be_null=True, quoted_strings_can_be_null=False
+    )
+    names = csv.ReadOptions(column_names=list(types))
+    last = -(1 << 63)
+    src.text_factory = bytes  # the CSV goes to Arrow as the bytes SQLite made (Arrow checks the UTF-8)
+    try:
+        while True:
+            top, n, text = src.execute(query, [last, batch_rows]).fetchone()
+            if not n:
+                return
+            try:
+                batch = csv.read_csv(pa.BufferReader(text), read_options=names, parse_options=parse,
+                                     convert_options=convert)  # fmt: skip
+            except (pa.ArrowException, ValueError) as e:
+                raise InputError(path, f"table {table} after rowid {last}", f"expected integer columns and UTF-8 text"
+                                 f" ({str(e).splitlines()[0]})") from None  # fmt: skip
+            del text
+            if batch.num_rows != n:
+                raise InputError(
+                    path, f"table {table} after rowid {last}", f"expected {n} rows, parsed {batch.num_rows}"
+                )
+            last = top
+            yield n, batch
+    finally:
+        src.text_factory = str
+
+
+def _read_ahead(path: Path, wanted: dict, batch_rows: int):
+    """(table, rows, Arrow batch) of every table in turn, fetched and parsed on a thread of its own while
+    the caller inserts the previous batch (SQLite, Arrow and DuckDB all release the GIL); at most
+    three batches are alive at once."""
+    import queue
+    import threading
+
+    ready: queue.Queue = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            src = _connect(path)
+            try:
+                for table, (cols, have) in wanted.items():
+                    for n, batch in _batches(src, path, table, cols, have, batch_rows):
+                        if not put((table, n, batch)):
+                            return
+            finally:
+                src.close()
+            put(None)
+        except BaseException as e:  # raised again on the caller's thread
+            put(e)
+
+    thread = threading.Thread(target=produce, name="nsys-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _load(src, duck, out: Export, present: list[str], has_strings: bool, run_id: int, shift: int, multi: bool,
+          batch_rows: int) -> None:  # fmt: skip
+    import pyarrow as pa
+
+    strings = dict(src.execute("SELECT id, value FROM StringIds")) if has_strings else {}
+    domains = {}
+    if NVTX in present and "eventType" in _columns(src, NVTX):
+        for r in _select(src, NVTX, ["domainId", "text", "textId"], f"WHERE eventType = {NVTX_DOMAIN_CREATE}"):
+            domains[r["domainId"]] = r["text"] or strings.get(r["textId"])
+    try:
+        _nsys_strings = pa.table(  # noqa: F841  (read by DuckDB's replacement scans below)
+            {"id": pa.array(list(strings), pa.int64()), "value": pa.array(list(strings.values()), pa.string())}
+        )
+        _nsys_domains = pa.table(  # noqa: F841
+            {"id": pa.array(list(domains), pa.int64()), "name": pa.array(list(domains.values()), pa.string())}
+        )
+    except (pa.ArrowException, TypeError, OverflowError) as e:
+        raise InputError(out.source, "StringIds", f"expected integer ids and text values ({e})") from None
+    specs = {table: _spec(table, multi) for table in present}
+    wanted = {table: (spec["cols"], _columns(src, table)) for table, spec in specs.items()}
+    statements = {table: _statements(table, spec, run_id, shift) for table, spec in specs.items()}
+    classes: dict = {}
+    for table, n, _nsys_batch in _read_ahead(out.source, wanted, batch_rows):  # noqa: B007
+        insert, counts = statements[table]
+        duck.execute(insert)
+        for reason, detail, k in duck.execute(counts).fetchall():
+            out.skipped[reason] += k
+            if reason == OTHER_CLASS:
+                classes[detail] = classes.get(detail, 0) + k
+        out.read[table] += n
+    if classes:
+        out.notes["runtime_other_event_classes"] = {str(k): v for k, v in sorted(classes.items())}
+    out.notes["rows_read"] = dict(out.read)
+
+
 detect = is_nsys_path  # the row-reader interface (tracekit.ingest.ROW_READERS)

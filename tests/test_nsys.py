@@ -192,3 +192,167 @@ def test_synthetic_export_scopes_correlation_by_process_and_counts_skips(tmp_pat
     notes = orjson.loads(con.execute("SELECT notes FROM ingest_log").fetchone()[0])
     assert "relative" in notes["clock"] and "pid" in notes["correlation"]
     assert con.execute("SELECT name FROM threads WHERE pid = 100 AND tid = 100").fetchone()[0] == "main"
+
+
+def event_table(con) -> list[tuple]:
+    return con.execute(
+        "SELECT kind, ph, cat, name, ts_ns, dur_ns, pid, tid, device, stream, correlation, args::VARCHAR, "
+        "extra::VARCHAR FROM event_rows ORDER BY rowid"
+    ).fetchall()
+
+
+def load_export(path, offset=0, **options):
+    con = db.connect(None)
+    export = nsys_sqlite.read(path, **options)
+    nsys_sqlite.load(con, export, 1, offset)
+    return con, export
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_batches_smaller_than_a_table_give_the_same_rows(name):
+    """Batch boundaries (every 7 rows, then one batch per table) change nothing, not even the order."""
+    small, small_export = load_export(corpus(name), batch_rows=7)
+    whole, whole_export = load_export(corpus(name), batch_rows=10**9)
+    counts = sqlite_counts(corpus(name))
+    assert max(counts.values()) > 7
+    assert event_table(small) == event_table(whole)
+    assert small_export.read == whole_export.read == counts
+    assert small_export.skipped == whole_export.skipped
+    assert small_export.notes == whole_export.notes
+
+
+def test_offset_shifts_every_timestamp_in_sql():
+    path = corpus(CLOVERLEAF)
+    plain, _ = load_export(path)
+    shifted, _ = load_export(path, offset=1_000_003)
+    pairs = [(a[4], b[4]) for a, b in zip(event_table(plain), event_table(shifted))]
+    assert len(pairs) == len(event_table(plain)) > 0
+    assert all(b == a + 1_000_003 if a is not None else b is None for a, b in pairs)
+    con = db.connect(None)
+    ingest(con, [path], offsets={path: 5})
+    assert event_table(con) == event_table(load_export(path, offset=5)[0])
+
+
+def synthetic_export(path):
+    """Every mapped table, with rows that exercise each branch (texts with CSV-hostile characters)."""
+    src = sqlite3.connect(path)
+    src.executescript(
+        """
+        CREATE TABLE StringIds (id INTEGER PRIMARY KEY, value TEXT);
+        INSERT INTO StringIds VALUES (1, 'cudaMemcpy_v3020'), (2, 'k_long(int, float)'), (3, 'k'), (4, ''),
+            (5, 'my domain'), (6, 'range, "quoted" ''x''');
+        CREATE TABLE TARGET_INFO_SESSION_START_TIME (utcEpochNs INT);
+        INSERT INTO TARGET_INFO_SESSION_START_TIME VALUES (1700000000000000000);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, eventClass INT, globalTid INT,
+            correlationId INT, nameId INT, returnValue INT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, deviceId INT, streamId INT, contextId INT,
+            correlationId INT, globalPid INT, demangledName INT, shortName INT, mangledName INT, gridX INT,
+            staticSharedMemory INT, dynamicSharedMemory INT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_MEMCPY (start INT, end INT, deviceId INT, streamId INT,
+            correlationId INT, globalPid INT, bytes INT, copyKind INT, srcKind INT, dstKind INT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET (start INT, end INT, deviceId INT, streamId INT, bytes INT,
+            memKind INT);
+        CREATE TABLE CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (start INT, end INT, deviceId INT, streamId INT,
+            correlationId INT, globalPid INT, syncType INT);
+        CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, text TEXT, textId INT, globalTid INT,
+            endGlobalTid INT, domainId INT);
+        """
+    )
+    g1, g2 = (7 << 24) + 70, (8 << 24) + 80
+    src.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (?, ?, ?, ?, ?, 1, 0)",
+        [(100, 110, 0, g1, 5), (101, 120, 1, g2, 5), (130, 120, 0, g1, 6), (140, 150, 67, g1, 7)],
+    )
+    src.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, 0, 3, 1, 5, ?, ?, ?, ?, 4, ?, ?)",
+        [(200, 210, 7 << 24, 2, 3, 2, 48, None), (220, 230, 8 << 24, None, 3, None, None, None),
+         (240, 250, 7 << 24, 4, 4, 3, None, None), (None, 260, 7 << 24, 2, 3, 2, None, None)],
+    )  # fmt: skip
+    src.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY VALUES (?, ?, 0, 3, 5, ?, 64, ?, ?, ?)",
+        [(300, 310, 7 << 24, 1, 0, 2), (320, 330, 7 << 24, 99, None, 2), (340, 350, 8 << 24, None, 1, 42)],
+    )
+    src.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET VALUES (?, ?, 0, 3, 8, ?)", [(400, 410, 2), (420, 430, None)]
+    )
+    src.executemany(
+        "INSERT INTO CUPTI_ACTIVITY_KIND_SYNCHRONIZATION VALUES (?, ?, 0, 3, 9, ?, ?)",
+        [(500, 510, 7 << 24, 3), (520, 530, 7 << 24, None), (540, None, 7 << 24, 1)],
+    )
+    src.executemany(
+        "INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        [(None, None, 75, None, 5, g1, None, 9),  # domain create: the name from StringIds
+         (600, 700, 59, "step, \"one\"\n'two'", None, g1, g1, 9),
+         (610, 690, 60, None, 6, g1, g2, 0),
+         (620, None, 34, "", None, g1, None, None),
+         (630, 640, 59, None, 77, g1, None, None),
+         (650, 660, 59, None, None, g1, None, None),
+         (670, 660, 60, "backwards", None, g1, None, None),
+         (680, 690, 33, "category", None, g1, None, None)],
+    )  # fmt: skip
+    src.commit()
+    src.close()
+
+
+def test_synthetic_export_maps_every_table_across_batches(tmp_path):
+    path = tmp_path / "all_tables.sqlite"
+    synthetic_export(path)
+    base = 1_700_000_000_000_000_000
+    con, export = load_export(path, batch_rows=2)
+    rows = {(r[3], r[4] - base if r[4] is not None else None): r for r in event_table(con)}
+
+    def args(name, ts):
+        return orjson.loads(rows[(name, ts)][11])
+
+    # runtime: suffix stripped, class 1 is the driver, correlation scoped by pid (two processes)
+    assert rows[("cudaMemcpy", 100)][0] == "cuda_runtime" and rows[("cudaMemcpy", 100)][10] == (7 << 32) + 5
+    assert rows[("cudaMemcpy", 101)][0] == "cuda_driver" and rows[("cudaMemcpy", 101)][10] == (8 << 32) + 5
+    assert rows[("cudaMemcpy", 100)][6:8] == (7, 70)
+    assert args("cudaMemcpy", 100) == {"correlation": 5, "nsys name": "cudaMemcpy_v3020", "eventClass": 0,
+                                       "returnValue": 0}  # fmt: skip
+    # kernels: the first name that is not empty of demangled, short, mangled
+    assert args("k_long(int, float)", 200)["shared memory"] == 48 and args("k", 220)["shared memory"] is None
+    assert args("k", 240)["short name"] == "" and args("k", 240)["grid"] == [4, None, None]
+    assert rows[("k", 220)][10] == (8 << 32) + 5 and rows[("k", 220)][6:10] == (0, 3, 0, 3)
+    assert {k[0] for k in rows if k[1] in (300, 320, 340)} == {
+        "Memcpy HtoD (Pageable -> Device)", "Memcpy kind 99", "Memcpy kind None (Pinned -> 42)"}  # fmt: skip
+    assert rows[("Memset (Device)", 400)][11] and ("Memset", 420) in rows
+    assert rows[("Stream sync", 500)][10] is None and ("sync type None", 520) in rows
+    # NVTX: text with commas, quotes and a newline survives; domains; end tid; marks keep empty text
+    rng = rows[("step, \"one\"\n'two'", 600)]
+    assert rng[:3] == ("user_annotation", "X", "user_annotation") and rng[5] == 100
+    assert orjson.loads(rng[11])["domain"] == "my domain" and "end tid" not in orjson.loads(rng[11])
+    assert args("range, \"quoted\" 'x'", 610)["end tid"] == 80 and args("range, \"quoted\" 'x'", 610)["domain"] is None
+    assert rows[("", 620)][1] == "i" and rows[("", 620)][5] is None
+    assert all(r[12] == orjson.dumps({"nsys_table": orjson.loads(r[12])["nsys_table"]}).decode() for r in rows.values())
+    assert export.skipped == {
+        "runtime call with end before start": 1,
+        "runtime row of another event class (not CUDA runtime/driver)": 1,
+        "kernel without start": 1,
+        "synchronization without end": 1,
+        "nvtx event that is not a range or mark (domain/category/thread naming)": 2,
+        "nvtx event with unknown string id": 1,
+        "nvtx event without text": 1,
+        "nvtx range with end before start": 1,
+    }
+    assert export.notes["runtime_other_event_classes"] == {"67": 1}
+    assert sum(export.read.values()) == 24 == len(rows) + sum(export.skipped.values())
+
+
+def test_malformed_values_and_truncation_mid_table_are_input_errors(tmp_path):
+    path = tmp_path / "text_in_int.sqlite"
+    synthetic_export(path)
+    src = sqlite3.connect(path)
+    src.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = 'soon' WHERE rowid = 2")
+    src.commit()
+    src.close()
+    data = corpus(CLOVERLEAF).read_bytes()
+    cut = tmp_path / "cut.sqlite"
+    cut.write_bytes(data[: len(data) * 3 // 4])
+    for bad in (path, cut):
+        con = db.connect(None)
+        with pytest.raises(InputError) as err:
+            ingest(con, [bad])
+        assert str(bad) in str(err.value) and "\n" not in str(err.value)
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+        assert con.execute("SELECT count(*) FROM event_rows").fetchone()[0] == 0

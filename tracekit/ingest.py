@@ -315,7 +315,7 @@ def _load_export(con, export, run_id: int, offset: int = 0) -> None:
 
     if offset:
         export.rows = [r[:4] + (None if r[4] is None else r[4] + offset,) + r[5:] for r in export.rows]
-    rows.load(con, export, run_id)
+    rows.load(con, export, run_id, offset)  # an export's loader shifts its own events in SQL
     if export.metrics:
         dbmod.insert_rows(con, "run_metrics", run_id, ("name", "value", "unit", "args"), export.metrics)
 
