@@ -39,6 +39,11 @@ clocks are reset by SEQ_INCREMENTAL_STATE_CLEARED / incremental_state_cleared; a
 SEQ_NEEDS_INCREMENTAL_STATE on a sequence whose state was lost (previous_packet_dropped) or never
 set is skipped, as trace_processor does.
 
+Speed: the cyclic garbage collector is paused while reading (records are many small acyclic containers),
+and a counter packet whose bytes match one already decoded except for its timestamp and value (a
+"shape", see _counter_shape) is read straight from those bytes without the protobuf classes: a counter
+series is most of a big trace. Both give the same rows as the general path.
+
 Clock: packet timestamps in ns. Sequence-scoped clocks (ids 64-127, e.g. Chrome's incremental
 microsecond clock) are resolved through the sequence's ClockSnapshot; builtin clocks are moved onto
 the trace's primary clock (ClockSnapshot.primary_trace_clock, BOOTTIME by default) with the first
@@ -47,6 +52,7 @@ snapshot holding both. `notes.clock` says what was done, `notes.clock_snapshots`
 
 from __future__ import annotations
 
+import struct
 import zlib
 from collections import Counter
 from pathlib import Path
@@ -68,6 +74,19 @@ BOOTTIME = 6
 SEQUENCE_CLOCKS = range(64, 128)
 SLICE_BEGIN, SLICE_END, INSTANT, COUNTER = 1, 2, 3, 4
 TID_MOD = 2**31 - 1
+_NO_TRACK: dict = {}
+_PLAIN_COUNTER = (1, False, None)
+_dumps = orjson.dumps
+
+
+def _value_json(value) -> str:
+    """A counter value as args JSON; one beyond 64 bits (an incremental sum, a large multiplier) goes in
+    as a double rather than failing: orjson refuses such integers."""
+    try:
+        return _dumps({"value": value}).decode()
+    except TypeError:
+        return _dumps({"value": float(value)}).decode()
+_DOUBLE = struct.Struct("<d")
 CLOCK_NAMES = {1: "REALTIME", 2: "REALTIME_COARSE", 3: "MONOTONIC", 4: "MONOTONIC_COARSE", 5: "MONOTONIC_RAW",
                6: "BOOTTIME", 8: "TSC", 9: "PERF"}  # fmt: skip
 
@@ -210,6 +229,15 @@ def _packets(path: Path):
         return True
 
     while True:
+        # the common case first: whole packets with a one-byte length, already in the buffer
+        n = len(buf)
+        while pos + 1 < n and buf[pos] == PACKET_TAG:
+            length = buf[pos + 1]
+            end = pos + 2 + length
+            if length >= 0x80 or end > n:
+                break
+            yield base + pos, buf[pos + 2 : end]
+            pos = end
         if pos >= len(buf) and not more():
             if broken:
                 raise InputError(path, f"{where} {base + pos}", f"expected the next TracePacket ({broken})")
@@ -297,6 +325,93 @@ def _nested(v):
     return None
 
 
+# -- counter packets by shape
+#
+# A counter series is hundreds of thousands of packets that differ only in their timestamp and value
+# bytes. Once one has been decoded (by the protobuf classes) and found to be a plain counter event, its
+# bytes with those two fields cut out are its shape; a later packet whose bytes match a shape is that
+# same packet with another timestamp and value, read straight from the bytes.
+
+PACKET_FIELDS = {3: "trusted_uid", 8: "timestamp", 10: "sequence id", 11: "track_event", 13: "sequence_flags",
+                 58: "timestamp_clock_id"}  # fmt: skip
+COUNTER_EVENT_FIELDS = {9: "type", 11: "track_uuid", 30: "counter_value", 44: "double_counter_value"}
+MAX_SHAPE_MISSES = 64  # packets that looked like plain counters but were not: then stop trying
+
+
+def _fields(buf: bytes, pos: int, end: int, known: dict) -> dict | None:
+    """field number -> (wire type, value start, value end) of a message whose fields are all in `known`,
+    each once, of wire type 0 (varint), 1 (fixed64) or 2 (bytes); None for any other message."""
+    found = {}
+    while pos < end:
+        tag, pos = _varint(buf, pos, end)
+        if tag is None:
+            return None
+        number, wire = tag >> 3, tag & 7
+        if number not in known or number in found:
+            return None
+        start = pos
+        if wire == 0:
+            _, pos = _varint(buf, pos, end)
+            if _ is None:
+                return None
+        elif wire == 1:
+            pos += 8
+        elif wire == 2:
+            length, start = _varint(buf, pos, end)
+            if length is None:
+                return None
+            pos = start + length
+        else:
+            return None
+        if pos > end:
+            return None
+        found[number] = (wire, start, pos)
+    return found
+
+
+def _counter_shape(payload: bytes):
+    """(layout, shape bytes, value wire type) of a plain counter packet: layout = (timestamp start, end,
+    value start, end); None when the packet has any other field (or a field twice)."""
+    top = _fields(payload, 0, len(payload), PACKET_FIELDS)
+    if top is None or set(top) - {3, 13, 58} != {8, 10, 11} or top[8][0] != 0 or top[11][0] != 2:
+        return None
+    _, ev_start, ev_end = top[11]
+    ev = _fields(payload, ev_start, ev_end, COUNTER_EVENT_FIELDS)
+    if ev is None or set(ev) not in ({9, 11, 30}, {9, 11, 44}):
+        return None
+    value_wire, value_start, value_end = ev[44] if 44 in ev else ev[30]
+    ts_start, ts_end = top[8][1:]
+    if value_wire != (1 if 44 in ev else 0) or ts_start > value_start:
+        return None
+    layout = (ts_start, ts_end, value_start, value_end)
+    return layout, payload[:ts_start] + payload[ts_end:value_start] + payload[value_end:], value_wire
+
+
+_CONT = [int.from_bytes(b"\x80" * (n - 1) + b"\x00", "little") if n else 0 for n in range(11)]
+_CONT_MASK = [int.from_bytes(b"\x80" * n, "little") for n in range(11)]
+
+
+def _varint_exact(b: bytes) -> int | None:
+    """The varint that fills `b` (1 to 10 bytes) exactly: continuation bits on all but the last byte, else None.
+
+    Read as one little-endian int whose 7-bit groups are then packed (no byte loop: this runs once a packet)."""
+    n = len(b)
+    x = int.from_bytes(b, "little")
+    cont = _CONT[n]
+    if x & _CONT_MASK[n] != cont:
+        return None
+    x ^= cont
+    if n > 8:
+        value = 0
+        for byte in reversed(b):
+            value = value << 7 | byte & 0x7F
+        return value
+    # 7-bit groups packed pairwise: bytes -> 14-bit, then 28-bit, then 56-bit lanes
+    x = x & 0x007F007F007F007F | (x & 0x7F007F007F007F00) >> 1
+    x = x & 0x00003FFF00003FFF | (x & 0x3FFF00003FFF0000) >> 2
+    return x & 0x0FFFFFFF | (x & 0x0FFFFFFF00000000) >> 4
+
+
 class _Reader:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -305,14 +420,27 @@ class _Reader:
         self.seqs: dict[int, _Sequence] = {}
         self.tracks: dict[int, dict] = {}
         self.records: list[list] = []
+        self.keys: dict[int, tuple] = {}  # track uuid -> its track key
+        self.counters: dict[int, tuple] = {}  # counter track uuid -> _counter_track(uuid)
+        self.builtin_keys: dict[int, tuple] = {}
+        # counter packets by shape (see _counter_shape): packet length -> [(layout, {shape bytes: (sequence id,
+        # explicit clock id or None, sequence flags, track key, value is a double)})]
+        self.layouts: dict[int, list] = {}
+        self.shape_misses = 0
         self.marks: dict[tuple, list] = {}  # track key -> slice BEGIN records and END marks, in file order
         self.snapshots: list[dict[int, int]] = []
         self.primary: int | None = None
-        self.clocks_used: Counter = Counter()
+        # (clock, builtin clock it resolves onto or None) -> timestamps; made into notes' strings at the end
+        self.clock_uses: dict[tuple, int] = {}
+        self.track_extra: dict[int, str] = {}  # track uuid -> a slice's extra JSON, dumped once
         self.process_names: dict[int, str] = {}
         self.thread_names: dict[tuple[int, int], str] = {}
         self.unresolved: Counter = Counter()
         self.not_decoded_fields: Counter = Counter()
+        from google.protobuf.message import DecodeError
+
+        self._decode_error = DecodeError
+        self._from_string = self.pb.TracePacket.FromString
         self.handlers = {
             "track_event": self.track_event,
             "track_descriptor": self.track_descriptor,
@@ -328,34 +456,67 @@ class _Reader:
     # -- packets
 
     def packet(self, offset: int, payload: bytes) -> None:
-        from google.protobuf.message import DecodeError
-
+        # the hottest function (one call per packet): attribute look-ups are hoisted into locals
+        layouts = self.layouts.get(len(payload))
+        if layouts is not None and self.shaped(payload, layouts):
+            return
         try:
-            p = self.pb.TracePacket.FromString(payload)
-        except DecodeError as e:
+            p = self._from_string(payload)
+        except self._decode_error as e:
             where = "decompressed byte" if _is_gzip(self.path) else "byte"
             raise InputError(self.path, f"{where} {offset}", f"expected a TracePacket ({e})") from None
         kind = p.WhichOneof("data") or "state only"
-        self.out.read[kind] += 1
+        read = self.out.read
+        read[kind] = read.get(kind, 0) + 1
         seq_id = p.trusted_packet_sequence_id
         seq = self.seqs.get(seq_id)
         if seq is None:
             seq = self.seqs[seq_id] = _Sequence()
         if p.previous_packet_dropped:
             seq.valid = False  # interned data and deltas before the loss cannot be trusted
-        if p.incremental_state_cleared or p.sequence_flags & SEQ_CLEARED:
+        flags = p.sequence_flags
+        if p.incremental_state_cleared or flags & SEQ_CLEARED:
             seq.reset()
             seq.valid = True
         if p.HasField("trace_packet_defaults"):
             seq.defaults(p.trace_packet_defaults)
         if p.HasField("interned_data"):
             seq.intern(p.interned_data)
+        if kind == "track_event":
+            if flags & SEQ_NEEDS and not seq.valid:
+                self.out.skipped["packet needing incremental state the sequence lost or never set"] += 1
+                return
+            if p.HasField("timestamp"):
+                # timestamp() inlined for the commonest case: a builtin clock
+                clock = p.timestamp_clock_id if p.HasField("timestamp_clock_id") else seq.clock_id or BOOTTIME
+                if clock < 64 or clock > 127:
+                    uses = self.clock_uses
+                    k = self.builtin_keys.get(clock)
+                    if k is None:
+                        k = self.builtin_keys[clock] = (clock, None)
+                    uses[k] = uses.get(k, 0) + 1
+                    ts = (clock, p.timestamp)
+                else:
+                    ts = self.timestamp(seq, p)
+            else:
+                ts = None
+            records = len(self.records)
+            reason = self.track_event(seq, p, ts)
+            if reason:
+                self.out.skipped[reason] += 1
+            elif (
+                self.shape_misses < MAX_SHAPE_MISSES
+                and len(self.records) > records
+                and self.records[-1][0] == "counter"
+            ):
+                self.learn_shape(payload, p, seq)
+            return
         if kind == "compressed_packets":
             self.compressed(offset, p.compressed_packets)
             return
         if kind == "clock_snapshot":
             self.clock_snapshot(seq, p.clock_snapshot)
-        if p.sequence_flags & SEQ_NEEDS and not seq.valid:
+        if flags & SEQ_NEEDS and not seq.valid:
             self.out.skipped["packet needing incremental state the sequence lost or never set"] += 1
             return
         ts = self.timestamp(seq, p)
@@ -366,6 +527,70 @@ class _Reader:
         reason = handler(seq, p, ts)
         if reason:
             self.out.skipped[reason] += 1
+
+    def learn_shape(self, payload: bytes, p, seq: _Sequence) -> None:
+        """Keep the shape of a counter packet that needed no state but its sequence's validity and clock."""
+        rec = self.records[-1]
+        shape = _counter_shape(payload)
+        if (shape is None or rec[CAT] is not None or rec[NAME] is not None or p.sequence_flags & SEQ_CLEARED
+                or p.previous_packet_dropped or p.incremental_state_cleared):  # fmt: skip
+            self.shape_misses += 1
+            return
+        layout, key, value_wire = shape
+        clock = p.timestamp_clock_id if p.HasField("timestamp_clock_id") else None
+        if (clock if clock is not None else seq.clock_id or BOOTTIME) in SEQUENCE_CLOCKS:
+            self.shape_misses += 1  # delta-encoded timestamps need the sequence's clock state: not a shape
+            return
+        layouts = self.layouts.setdefault(len(payload), [])
+        shapes = next((shapes for known, shapes in layouts if known == layout), None)
+        if shapes is None:
+            shapes = {}
+            layouts.append((layout, shapes))
+        shapes[key] = (p.trusted_packet_sequence_id, clock, p.sequence_flags, rec[KEY], value_wire == 1)
+
+    def shaped(self, payload: bytes, layouts: list) -> bool:
+        """A packet of a known counter shape recorded as packet() + track_event() would; False if it is none."""
+        for (ts_start, ts_end, value_start, value_end), shapes in layouts:
+            shape = shapes.get(payload[:ts_start] + payload[ts_end:value_start] + payload[value_end:])
+            if shape is not None:
+                break
+        else:
+            return False
+        seq_id, clock, flags, key, double = shape
+        raw_ts = _varint_exact(payload[ts_start:ts_end])
+        if double:
+            value = _DOUBLE.unpack_from(payload, value_start)[0]
+        else:
+            value = _varint_exact(payload[value_start:value_end])
+            if value is None:
+                return False
+            if value >= 1 << 63:  # int64 as two's complement
+                value -= 1 << 64
+        seq = self.seqs[seq_id]  # created when the shape was learnt
+        if clock is None:
+            clock = seq.clock_id or BOOTTIME
+        if raw_ts is None or 64 <= clock < 128:  # SEQUENCE_CLOCKS
+            return False
+        read = self.out.read
+        read["track_event"] = read.get("track_event", 0) + 1
+        if flags & SEQ_NEEDS and not seq.valid:
+            self.out.skipped["packet needing incremental state the sequence lost or never set"] += 1
+            return True
+        uses = self.clock_uses
+        k = self.builtin_keys.get(clock)
+        if k is None:
+            k = self.builtin_keys[clock] = (clock, None)
+        uses[k] = uses.get(k, 0) + 1
+        uuid = key[1]
+        counter = self.counters.get(uuid)
+        if counter is None:
+            counter = self.counters[uuid] = self._counter_track(uuid)
+        mult, incremental, extra = counter
+        if incremental:
+            value = seq.counter_totals[uuid] = seq.counter_totals.get(uuid, 0) + value
+        self.records.append(["counter", "C", None, None, (clock, raw_ts), None, key,
+                             _value_json(value * mult), extra, None])  # fmt: skip
+        return True
 
     def compressed(self, offset: int, blob: bytes) -> None:
         """A deflated run of packets (the service's packet compression): each inner packet counts as one."""
@@ -425,15 +650,20 @@ class _Reader:
             mult, incremental, value, ref_value, ref_clock, ref_ns = c
             value = value + p.timestamp if incremental else p.timestamp
             c[2] = value
-            self.clocks_used[f"{clock} -> {ref_clock}"] += 1
+            uses = self.clock_uses
+            k = (clock, ref_clock)
+            uses[k] = uses.get(k, 0) + 1
             return ref_clock, ref_ns + (value - ref_value) * mult
-        self.clocks_used[str(clock)] += 1
+        uses = self.clock_uses
+        k = (clock, None)
+        uses[k] = uses.get(k, 0) + 1
         return clock, p.timestamp
 
     # -- tracks
 
     def track_descriptor(self, seq, p, ts):
         d = p.track_descriptor
+        self.counters.pop(d.uuid, None)  # a descriptor (re)sent mid-trace applies from here on
         t = self.tracks.setdefault(d.uuid, {})
         if d.HasField("parent_uuid"):
             t["parent"] = d.parent_uuid
@@ -504,7 +734,10 @@ class _Reader:
                 seq.legacy_us * 1000,
             )
         if e.HasField("track_uuid"):
-            key = ("u", e.track_uuid)
+            uuid = e.track_uuid
+            key = self.keys.get(uuid)
+            if key is None:  # one tuple per track, shared by its records
+                key = self.keys[uuid] = ("u", uuid)
         elif seq.track_uuid is not None:
             key = ("u", seq.track_uuid)
         elif seq.thread is not None:
@@ -529,9 +762,13 @@ class _Reader:
             end_args = self.args(seq, e) if e.debug_annotations else None
             end = ["end", None, None, None, ts, None, key, end_args, None, None]
             self._flows(end, e)
-            self.marks.setdefault(key, []).append(end)
+            marks = self.marks.get(key)
+            if marks is None:
+                marks = self.marks[key] = []
+            marks.append(end)
             return None
-        if e.HasField("name"):
+        which = e.WhichOneof("name_field")
+        if which == "name":
             name = e.name
         elif e.name_iid:
             name = seq.names.get(e.name_iid)
@@ -541,9 +778,15 @@ class _Reader:
             name = seq.names.get(e.legacy_event.name_iid)
         else:
             name = None
-        if e.categories:
+        iids = e.category_iids
+        if len(iids) == 1 and not e.categories:  # Chrome's usual event: one interned category
+            cat = seq.cats.get(iids[0])
+            if cat is None:
+                self.unresolved["category iid"] += 1
+                cat = f"<category iid {iids[0]}>"
+        elif e.categories:
             cat = ",".join(e.categories)
-        elif e.category_iids:
+        elif iids:
             cats = [seq.cats.get(i) for i in e.category_iids]
             if None in cats:
                 self.unresolved["category iid"] += 1
@@ -553,25 +796,37 @@ class _Reader:
         if typ == COUNTER:
             if key[0] != "u":
                 return "counter event without a counter track"
-            if e.HasField("double_counter_value"):
+            which = e.WhichOneof("counter_value_field")
+            if which == "double_counter_value":
                 value = e.double_counter_value
-            elif e.HasField("counter_value"):
+            elif which == "counter_value":
                 value = e.counter_value
             else:
                 return "counter event without a value"
-            mult, incremental, unit = self.tracks.get(key[1], {}).get("counter", (1, False, None))
+            uuid = key[1]
+            counter = self.counters.get(uuid)
+            if counter is None:
+                counter = self.counters[uuid] = self._counter_track(uuid)
+            mult, incremental, extra = counter
             if incremental:
-                value = seq.counter_totals[key[1]] = seq.counter_totals.get(key[1], 0) + value
-            extra = {"track_uuid": key[1], "unit": unit} if unit else {"track_uuid": key[1]}
-            self.records.append(["counter", "C", cat, name, ts, None, key, {"value": value * mult}, extra, None])
+                value = seq.counter_totals[uuid] = seq.counter_totals.get(uuid, 0) + value
+            # args and extra go in as JSON text now: a counter's are final (a slice's may still merge its END's)
+            self.records.append(["counter", "C", cat, name, ts, None, key, _value_json(value * mult),
+                                 extra, None])  # fmt: skip
             return None
         if typ not in (SLICE_BEGIN, INSTANT):
             return f"track event type {typ} (not decoded)"
+        # (an explicit source_location_iid 0 gives args {}, written as no args like None)
         args = self.args(seq, e) if (e.debug_annotations or e.HasField("task_execution")
-                                     or e.source_location_iid or e.HasField("source_location")) else None  # fmt: skip
+                                     or e.WhichOneof("source_location_field") is not None) else None  # fmt: skip
         if e.extra_counter_values or e.extra_double_counter_values:
             self.not_decoded_fields["extra_counter_values (thread time/instruction counts)"] += 1
-        extra = {"track_uuid": key[1]} if key[0] == "u" else None
+        if key[0] == "u":
+            extra = self.track_extra.get(key[1])
+            if extra is None:
+                extra = self.track_extra[key[1]] = orjson.dumps({"track_uuid": key[1]}).decode()
+        else:
+            extra = None
         if typ == INSTANT:
             rec = ["instant", "i", cat, name, ts, None, key, args, extra, None]
         else:
@@ -579,17 +834,31 @@ class _Reader:
             if dur is not None:
                 rec[END] = (ts[0], ts[1] + dur)
             else:
-                self.marks.setdefault(key, []).append(rec)
+                marks = self.marks.get(key)
+                if marks is None:
+                    marks = self.marks[key] = []
+                marks.append(rec)
         self._flows(rec, e)
         self.records.append(rec)
         return None
 
+    def _counter_track(self, uuid: int) -> tuple:
+        """(unit multiplier, incremental, extra JSON) of a counter track, as its descriptors say so far."""
+        mult, incremental, unit = self.tracks.get(uuid, _NO_TRACK).get("counter", _PLAIN_COUNTER)
+        extra = orjson.dumps({"track_uuid": uuid, "unit": unit} if unit else {"track_uuid": uuid}).decode()
+        return mult, incremental, extra
+
     def _flows(self, rec: list, e) -> None:
-        ids, ends = e.flow_ids, e.terminating_flow_ids
-        if not (ids or ends or e.flow_ids_old or e.terminating_flow_ids_old):
+        ids, ends, old_ids, old_ends = e.flow_ids, e.terminating_flow_ids, e.flow_ids_old, e.terminating_flow_ids_old
+        if not (ids or ends or old_ids or old_ends):
             return
-        flows = [(f, False) for f in (*ids, *e.flow_ids_old)]
-        flows += [(f, True) for f in (*ends, *e.terminating_flow_ids_old)]
+        flows = [(f, False) for f in ids]
+        if old_ids:
+            flows += [(f, False) for f in old_ids]
+        if ends:
+            flows += [(f, True) for f in ends]
+        if old_ends:
+            flows += [(f, True) for f in old_ends]
         rec[FLOWS] = (rec[FLOWS] or []) + flows
 
     def args(self, seq: _Sequence, e) -> dict:
@@ -640,39 +909,47 @@ class _Reader:
 
     def finish(self) -> Export:
         out = self.out
+        self.clocks_used = Counter({(str(c) if ref is None else f"{c} -> {ref}"): n
+                                    for (c, ref), n in self.clock_uses.items()})  # fmt: skip
         to_ns = self._clock_map()
         self._pair_slices(to_ns)
-        self.slice_names: dict[int, set] = {}
-        for rec in self.records:
-            if rec[KIND] is not None and rec[KEY][0] == "u":
-                self.slice_names.setdefault(rec[KEY][1], set()).add(rec[NAME])
+        self.slice_names = None  # made on first need: only unnamed tracks need it
+        offsets, offset = self._clock_offsets, self._offset
         places: dict[tuple, tuple] = {}
         synthetic: dict[tuple[int, int], str] = {}
         arrows: list[tuple] = []  # (ts, order, record row index, flow id, terminating)
-        for rec in self.records:
-            if rec[KIND] is None:
+        tracks = self.tracks
+        rows = out.rows
+        append = rows.append
+        dumps = _dumps
+        for kind, ph, cat, name, start, end, key, args, extra, flows in self.records:
+            if kind is None:
                 continue
-            ts = to_ns(rec[START])
-            dur = None
-            if rec[KIND] == "user_annotation":
-                dur = to_ns(rec[END]) - ts  # >= 0: paired in time order
-            key = rec[KEY]
+            clock, ts = start
+            off = offsets.get(clock)
+            ts += offset(clock) if off is None else off
             place = places.get(key)
             if place is None:
-                place = places[key] = self._place(key)
+                # a counter's name is its track's: one look-up per track
+                name_of_track = tracks.get(key[1], _NO_TRACK).get("name") if key[0] == "u" else None
+                place = places[key] = (*self._place(key), name_of_track)
                 if place[3] is not None:
                     synthetic[(place[0], place[1])] = place[3]
-            pid, tid, track, _ = place
-            name = rec[NAME]
-            if rec[KIND] == "counter":
-                name = self.tracks.get(key[1], {}).get("name") or name or track
-            args = orjson.dumps(rec[ARGS]).decode() if rec[ARGS] else None
-            extra = orjson.dumps(rec[EXTRA]).decode() if rec[EXTRA] else None
-            if rec[FLOWS]:
-                for fid, terminating in rec[FLOWS]:
-                    arrows.append((ts, len(out.rows), fid, terminating))
-            out.rows.append((rec[KIND], rec[PH], rec[CAT], name, ts, dur, pid, tid, track, None, None, None, None,
-                             None, args, extra))  # fmt: skip
+            if kind == "counter":
+                name = place[4] or name or place[2]
+                append((kind, ph, cat, name, ts, None, place[0], place[1], place[2], None, None, None, None, None,
+                        args, extra))  # fmt: skip
+                continue
+            dur = None
+            if kind == "user_annotation":
+                dur = to_ns(end) - ts  # >= 0: paired in time order
+            if args is not None and args.__class__ is not str:
+                args = dumps(args).decode() if args else None
+            if flows:
+                for fid, terminating in flows:
+                    arrows.append((ts, len(rows), fid, terminating))
+            append((kind, ph, cat, name, ts, dur, place[0], place[1], place[2], None, None, None, None, None, args,
+                    extra))  # fmt: skip
         self._flow_rows(arrows)
         for pid, name in sorted(self.process_names.items()):
             out.rows.append(_meta("process_name", pid, None, name))
@@ -686,10 +963,16 @@ class _Reader:
     def _pair_slices(self, to_ns) -> None:
         """BEGIN/END per track in timestamp order (file order among equal times): END closes the latest open BEGIN."""
         skipped = self.out.skipped
+        offsets, offset = self._clock_offsets, self._offset
         for marks in self.marks.values():
-            order = sorted(range(len(marks)), key=lambda i: (to_ns(marks[i][START]), i))
+            order = []
+            for i, m in enumerate(marks):
+                clock, ts = m[START]
+                off = offsets.get(clock)
+                order.append((ts + (offset(clock) if off is None else off), i))
+            order.sort()
             stack = []
-            for i in order:
+            for _, i in order:
                 m = marks[i]
                 if m[KIND] != "end":
                     stack.append(m)
@@ -737,6 +1020,11 @@ class _Reader:
         """An unnamed track is named after its slices when they share one name (as Perfetto's UI does)."""
         if uuid == 0:
             return "global"
+        if self.slice_names is None:
+            self.slice_names = {}
+            for rec in self.records:
+                if rec[KIND] is not None and rec[KEY][0] == "u":
+                    self.slice_names.setdefault(rec[KEY][1], set()).add(rec[NAME])
         names = self.slice_names.get(uuid, set())
         return next(iter(names)) if len(names) == 1 and None not in names else f"track {uuid}"
 
@@ -758,6 +1046,7 @@ class _Reader:
             return ts[1] + offset(ts[0])
 
         self._clock_target, self._clock_offsets, self._clock_unrelated = target, offsets, unrelated
+        self._offset = offset
         return to_ns
 
     def _flow_rows(self, arrows: list[tuple]) -> None:
@@ -831,10 +1120,21 @@ def _meta(name: str, pid: int, tid: int | None, value: str) -> tuple:
 
 def read(path) -> Export:
     """Every packet of the trace decoded or counted as skipped; InputError at the first broken packet."""
+    import gc
+
     path = Path(path)
     reader = _Reader(path)
-    for offset, payload in _packets(path):
-        reader.packet(offset, payload)
-    if not reader.out.read:
-        raise InputError(path, "byte 0", "expected a Perfetto trace (at least one TracePacket)")
-    return reader.finish()
+    # the records and rows are hundreds of thousands of small containers with no cycles among them:
+    # the cyclic collector would rescan them over and over (a quarter of the time), so it waits until the end
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        packet = reader.packet
+        for offset, payload in _packets(path):
+            packet(offset, payload)
+        if not reader.out.read:
+            raise InputError(path, "byte 0", "expected a Perfetto trace (at least one TracePacket)")
+        return reader.finish()
+    finally:
+        if collecting:
+            gc.enable()

@@ -371,3 +371,38 @@ def test_incremental_state_clock_and_unmatched_slices(tmp_path):
         ("instant", "tick", None, 2_000_000, None, 5, 6, None),
     ]
     assert count(con, "SELECT name FROM threads WHERE pid = 5 AND tid = 6") == "worker"
+
+
+def _event_rows(path: Path) -> list:
+    con = db.connect(None)
+    ingest(con, [path])
+    return con.execute("SELECT * EXCLUDE (run_id) FROM event_rows ORDER BY rowid").fetchall()
+
+
+@pytest.mark.parametrize("name", ["pftx__example.pftrace", "chromium_startup.pftrace.gz"])
+def test_counter_fast_path_changes_nothing(name, monkeypatch):
+    """Plain counter packets are decoded from their bytes once their shape is known: the rows must be
+    those of the full protobuf decode, on SDK counters and on Chromium's mixed packets."""
+    path = corpus(name) if name.startswith("pftx") else sample(name)
+    fast = _event_rows(path)
+    monkeypatch.setattr(perfetto_proto, "MAX_SHAPE_MISSES", 0)  # never try the shortcut
+    assert _event_rows(path) == fast and len(fast) > 1000
+
+
+def test_counter_beyond_64_bits_is_kept_as_a_double(tmp_path):
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    desc = pb.TracePacket(trusted_packet_sequence_id=1)
+    desc.track_descriptor.uuid = 7
+    desc.track_descriptor.name = "bytes"
+    desc.track_descriptor.counter.unit_multiplier = 1 << 40
+    value = pb.TracePacket(trusted_packet_sequence_id=1, timestamp=10)
+    value.track_event.type = pb.TrackEvent.TYPE_COUNTER
+    value.track_event.track_uuid = 7
+    value.track_event.counter_value = 1 << 40  # times the multiplier: 2**80
+    path = tmp_path / "big.pftrace"
+    path.write_bytes(pb.Trace(packet=[desc, value]).SerializeToString())
+    con = db.connect(None)
+    (result,) = ingest(con, [path])
+    assert result.events_skipped == 0
+    assert con.execute("SELECT value FROM counters").fetchone()[0] == float(1 << 80)
