@@ -288,6 +288,9 @@ def targets(rows, args):
     return lines
 
 
+FORMATS_HEADING = "# Non-Kineto formats"
+
+
 def main():
     ap = argparse.ArgumentParser(description="tracekit vs HTA vs json.load")
     ap.add_argument("--files", nargs="+", default=FILES, help="corpus file names (with or without .json.gz) or paths")
@@ -316,9 +319,15 @@ def main():
         rows.append((label, os.path.getsize(path), run_file(path, args, hta_error)))
 
     text = report(rows, machine_info(args.cores), args)
-    with open(args.out, "w") as f:
-        f.write(text)
     print(text)
+    # the non-Kineto section (benchmarks/formats.py, pasted by hand) outlives a re-run of this one
+    kept = ""
+    if os.path.exists(args.out):
+        previous = open(args.out).read()
+        start = previous.find(FORMATS_HEADING)
+        kept = previous[start:] if start >= 0 else ""
+    with open(args.out, "w") as f:
+        f.write(text.rstrip() + "\n\n" + kept if kept else text)
 
 
 if __name__ == "__main__":
