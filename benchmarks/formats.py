@@ -36,6 +36,7 @@ import threading
 import time
 
 import make_big_nsys
+from run import cpu_and_memory
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -321,14 +322,7 @@ def version(py, dist):
 
 
 def machine_info(args):
-    model = "unknown"
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo") as f:
-        mem_gb = int(f.readline().split()[1]) / 1e6
+    model, mem_gb = cpu_and_memory()
     upb = "from google.protobuf.internal import api_implementation as a; print(a.Type())"
     backend = subprocess.run([PROJECT_PY, "-c", upb], capture_output=True, text=True).stdout.strip() or "?"
     return [

@@ -168,7 +168,8 @@ def venv_query(py, code):
     return r.stdout.strip() if r.returncode == 0 else "not installed"
 
 
-def machine_info(cores):
+def cpu_and_memory() -> tuple[str, float]:
+    """The CPU model and GB of memory, for the machine table of a results file."""
     model = "unknown"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -177,6 +178,11 @@ def machine_info(cores):
                 break
     with open("/proc/meminfo") as f:
         mem_gb = int(f.readline().split()[1]) / 1e6
+    return model, mem_gb
+
+
+def machine_info(cores):
+    model, mem_gb = cpu_and_memory()
     version = "import importlib.metadata as m; print(m.version({!r}))"
     return [
         ("date (UTC)", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")),

@@ -581,6 +581,12 @@ class _Reader:
         if k is None:
             k = self.builtin_keys[clock] = (clock, None)
         uses[k] = uses.get(k, 0) + 1
+        self._counter(seq, key, None, None, (clock, raw_ts), value)
+        return True
+
+    def _counter(self, seq, key, cat, name, ts, value) -> None:
+        """One counter value on its track: incremental counters summed per sequence, the unit applied;
+        args and extra go in as JSON text now: a counter's are final (a slice's may still merge its END's)."""
         uuid = key[1]
         counter = self.counters.get(uuid)
         if counter is None:
@@ -588,9 +594,7 @@ class _Reader:
         mult, incremental, extra = counter
         if incremental:
             value = seq.counter_totals[uuid] = seq.counter_totals.get(uuid, 0) + value
-        self.records.append(["counter", "C", None, None, (clock, raw_ts), None, key,
-                             _value_json(value * mult), extra, None])  # fmt: skip
-        return True
+        self.records.append(["counter", "C", cat, name, ts, None, key, _value_json(value * mult), extra, None])
 
     def compressed(self, offset: int, blob: bytes) -> None:
         """A deflated run of packets (the service's packet compression): each inner packet counts as one."""
@@ -803,16 +807,7 @@ class _Reader:
                 value = e.counter_value
             else:
                 return "counter event without a value"
-            uuid = key[1]
-            counter = self.counters.get(uuid)
-            if counter is None:
-                counter = self.counters[uuid] = self._counter_track(uuid)
-            mult, incremental, extra = counter
-            if incremental:
-                value = seq.counter_totals[uuid] = seq.counter_totals.get(uuid, 0) + value
-            # args and extra go in as JSON text now: a counter's are final (a slice's may still merge its END's)
-            self.records.append(["counter", "C", cat, name, ts, None, key, _value_json(value * mult),
-                                 extra, None])  # fmt: skip
+            self._counter(seq, key, cat, name, ts, value)
             return None
         if typ not in (SLICE_BEGIN, INSTANT):
             return f"track event type {typ} (not decoded)"
