@@ -232,7 +232,10 @@ def _load(
     columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
     extra_sql = "json_object(" + ", ".join(f'{_sql_str(k)}, "{k}"' for k in extra) + ")" if extra else "NULL::JSON"
     base_ns = _base_time_ns(staged.metadata)
-    device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
+    # a CASE, not `kind0 IN (...)`: DuckDB plans an IN list of this size as a mark join, and a join
+    # turns the order-preserving batch insert into a plain parallel insert that appends row groups in
+    # whatever order the threads finish (event_id would then differ between two ingests of one file)
+    on_device = "CASE kind0 " + " ".join(f"WHEN {_sql_str(k)} THEN true" for k in DEVICE_KINDS) + " ELSE false END"
     ignore_errors = "true" if ignore_errors else "false"
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     # Two steps: the parts are parsed in parallel into a plain table first. Deriving the columns in the
@@ -271,8 +274,7 @@ def _load(
         SELECT *, {kind_sql} AS kind0, {skip_sql} AS skip_reason,
                {PID_N} AS pid_n,
                {TID_N} AS tid_n,
-               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a,
-               rowid AS raw_row
+               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
         FROM {RAW_TABLE}
     )
     SELECT {run_id},
@@ -282,8 +284,8 @@ def _load(
            CAST(round(dur * 1000) AS BIGINT),
            pid_n, {tid_sql},
            {track_sql},
-           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[1] AS INTEGER), TRY_CAST(pid_n AS INTEGER)) END,
-           CASE WHEN kind0 IN ({device_kinds}) THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
+           CASE WHEN {on_device} THEN coalesce(TRY_CAST(a[1] AS INTEGER), TRY_CAST(pid_n AS INTEGER)) END,
+           CASE WHEN {on_device} THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
            CASE WHEN kind0 = 'flow' AND lower(cat) IN ('ac2g', 'async_cpu_to_gpu', 'async') THEN TRY_CAST(id AS BIGINT)
                 ELSE TRY_CAST(a[3] AS BIGINT) END,
            TRY_CAST(coalesce(a[4], a[5]) AS BIGINT),
@@ -292,9 +294,6 @@ def _load(
            {extra_sql},
            NULL, NULL
     FROM raw
-    -- without the sort DuckDB 2.0.1 appends this parallel projection's row groups in a varying order,
-    -- so event_id (rowid) would differ between two ingests of one file and stop being file order
-    ORDER BY raw_row
     """
     con.execute(sql)
     after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
