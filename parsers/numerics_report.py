@@ -69,7 +69,26 @@ def _file_format(path: Path) -> str | None:
     ):
         if name.endswith(suffix):
             return fmt
-    return None
+    return _sniff_format(path)
+
+
+def _sniff_format(path: Path) -> str | None:
+    """The layout of a report whose name says nothing (`report.dat`, a pipe's temp file), from its
+    first bytes; gzip and anything else are not a numerics report."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError:
+        return None
+    if head.startswith(b"PAR1"):
+        return "parquet"
+    text = head.decode("utf-8", "ignore").lstrip("\ufeff \t\r\n")
+    if text.startswith("["):
+        return "json"
+    if text.startswith("{"):
+        return "jsonl"
+    first = text.split("\n", 1)[0]
+    return "csv" if "," in first and "\x00" not in text else None
 
 
 def is_numerics_path(path: Path, metrics: tuple[str, ...] = ()) -> bool:

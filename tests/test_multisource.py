@@ -204,3 +204,37 @@ def test_server_log_joins_the_trace_run_on_its_clock(fresh_db):
     assert shifted.execute(q).fetchone() == (window[0], n)
     notes = json.loads(shifted.execute("SELECT notes FROM ingest_log WHERE format = 'serving_log'").fetchone()[0])
     assert notes["alignment"]["applied_offset_ns"] == offset
+
+
+@pytest.mark.parametrize(
+    "where, name, fmt",
+    [
+        ("sample", "cpu_two_threads.json.gz", "kineto"),
+        ("sample", "chromium_startup.json.gz", "chrome_json"),
+        ("sample", "ncu_tiles_repeated_heavy.csv", "ncu_csv"),
+        ("sample", "numerics_tf32.csv", "numerics_report"),
+        ("sample", "runtime_demo.events.jsonl", "runtime_events"),
+        ("sample", "chromium_startup.pftrace.gz", "perfetto_proto"),
+        ("corpus", "pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite", "nsys_sqlite"),
+        ("corpus", "pipit__nbody-nvtx__trace.csv", "nsys_stats_csv"),
+        ("corpus", "pftx__example.pftrace", "perfetto_proto"),
+        ("corpus", "energyllm__vllm_server.log", "serving_log"),
+        ("data", "otlp_requests.jsonl", "otlp_json"),
+        ("data", "vllm_benchmark_serving.json", "bench_serving"),
+    ],
+)
+def test_formats_are_recognised_by_content_under_any_name(where, name, fmt, tmp_path):
+    import shutil
+
+    from tests.conftest import ROOT, corpus
+    from tracekit import db
+
+    source = {"sample": sample, "corpus": corpus, "data": lambda n: ROOT / "tests" / "data" / "serving" / n}[where](
+        name
+    )
+    renamed = tmp_path / "capture.dat"  # an extension that says nothing
+    shutil.copyfile(source, renamed)
+    con = db.connect(None)
+    results = ingest(con, [renamed])
+    assert [r.format for r in results] == [fmt]
+    assert results[0].events_read == results[0].events_ingested + results[0].events_skipped
