@@ -5,6 +5,8 @@ are probed (sqlite_master, PRAGMA table_info), never assumed: the schema changes
 `read` probes the file and returns an Export whose `loader` streams each event table in batches of
 the needed columns into Arrow and maps them in DuckDB SQL (`INSERT INTO event_rows SELECT ...`), so
 memory follows the batch size, not the file, and no row becomes a Python object beyond its fetch.
+String ids become text in Arrow (a hash lookup per batch on the read-ahead thread), so each INSERT is a
+plain projection of one batch and keeps the file's row order without a join or a sort.
 
 Mapping (see docs/schema.md, "Nsight Systems exports"):
 
@@ -54,10 +56,10 @@ MEM_KINDS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 
 SYNC_TYPES = {0: "Unknown", 1: "Event sync", 2: "Stream wait sync", 3: "Stream sync", 4: "Context sync"}
 
 NVTX_PUSHPOP, NVTX_STARTEND, NVTX_MARK, NVTX_DOMAIN_CREATE = 59, 60, 34, 75
-VERSION_SUFFIX = "_v[0-9]+$"  # a DuckDB (RE2) pattern
+VERSION_SUFFIX = "_v[0-9]+$"  # an RE2 pattern (Arrow's regex engine, as DuckDB's)
 TID_MASK = 0x1000000
 OTHER_CLASS = "runtime row of another event class (not CUDA runtime/driver)"
-BATCH_ROWS = 100_000  # rows fetched, converted and inserted at a time: the reader's memory bound
+BATCH_ROWS = 250_000  # rows fetched, converted and inserted at a time: the reader's memory bound
 
 
 def is_nsys_path(path: Path) -> bool:
@@ -214,7 +216,7 @@ def _gpu_args(extra: list[tuple[str, str]]) -> str:
 
 
 def _spec(table: str, multi: bool) -> dict:
-    """Columns to fetch, string joins (alias -> id column), skip reason, a detail counted with skips, and
+    """Columns to fetch, string lookups (batch column -> id column), skip reason, a detail counted with skips, and
     the event_rows expressions (ROW_FIELDS order, ts without the shift) of one event table."""
 
     def corr(pid_sql: str) -> str:
@@ -228,32 +230,32 @@ def _spec(table: str, multi: bool) -> dict:
     if table == THREAD_NAMES:
         return {
             "cols": ["nameId", "priority", "globalTid"],
-            "joins": {"s": "nameId"},
-            "reason": "CASE WHEN s.value IS NULL THEN 'thread name with unknown string id' "
+            "lookups": {"_s": "nameId"},
+            "reason": "CASE WHEN b._s IS NULL THEN 'thread name with unknown string id' "
             "WHEN b.globalTid IS NULL THEN 'thread name without globalTid' END",
             "row": {"kind": "'metadata'", "ph": "'M'", "name": "'thread_name'", "pid": _pid_sql("globalTid"),
-                    "tid": _tid_sql("globalTid"), "args": _json_sql([("name", "s.value"), ("priority", "b.priority")])},
+                    "tid": _tid_sql("globalTid"), "args": _json_sql([("name", "b._s"), ("priority", "b.priority")])},
         }  # fmt: skip
     if table == RUNTIME:
         kind = "(CASE WHEN b.eventClass = 1 THEN 'cuda_driver' ELSE 'cuda_runtime' END)"
         return {
             "cols": ["start", "end", "eventClass", "globalTid", "correlationId", "nameId", "returnValue"],
-            "joins": {"s": "nameId"},
-            "reason": f"CASE {_interval_sql('runtime call')} WHEN s.value IS NULL THEN 'runtime call with unknown "
+            "lookups": {"_s": "nameId", "_sv": "nameId"},
+            "reason": f"CASE {_interval_sql('runtime call')} WHEN b._s IS NULL THEN 'runtime call with unknown "
             f"string id' WHEN b.eventClass NOT IN (0, 1) THEN '{OTHER_CLASS}' END",
             # e.g. class 67 in pipit's altered saxpy export: a second row per call, same correlation id
             "detail": "b.eventClass",
-            "row": {"kind": kind, "ph": "'X'", "cat": kind, "name": f"regexp_replace(s.value, '{VERSION_SUFFIX}', '')",
+            "row": {"kind": kind, "ph": "'X'", "cat": kind, "name": "b._sv",
                     "ts": "b.start", "dur": dur, "pid": _pid_sql("globalTid"), "tid": _tid_sql("globalTid"),
                     "correlation": corr(_pid_sql("globalTid")),
-                    "args": _json_sql([("correlation", "b.correlationId"), ("nsys name", "s.value"),
+                    "args": _json_sql([("correlation", "b.correlationId"), ("nsys name", "b._s"),
                                        ("eventClass", "b.eventClass"), ("returnValue", "b.returnValue")])},
         }  # fmt: skip
     if table == NVTX:
-        text = "coalesce(b.text, s.value)"
+        text = "coalesce(b.text, b._s)"
         etype = (f"(CASE b.eventType WHEN {NVTX_PUSHPOP} THEN 'push/pop' WHEN {NVTX_STARTEND} THEN 'start/end' "
                  "ELSE 'mark' END)")  # fmt: skip
-        pairs = [("domain", "(CASE WHEN b.domainId <> 0 THEN d.name END)"), ("domainId", "b.domainId"),
+        pairs = [("domain", "(CASE WHEN b.domainId <> 0 THEN b._d END)"), ("domainId", "b.domainId"),
                  ("eventType", etype), ("category", "b.category"), ("color", "b.color")]  # fmt: skip
         end_tid = (
             f"b.eventType <> {NVTX_MARK} AND b.endGlobalTid IS NOT NULL AND b.endGlobalTid IS DISTINCT FROM b.globalTid"  # noqa: E501
@@ -262,8 +264,7 @@ def _spec(table: str, multi: bool) -> dict:
         return {
             "cols": ["start", "end", "eventType", "category", "color", "text", "globalTid", "endGlobalTid", "textId",
                      "domainId"],
-            "joins": {"s": "textId"},
-            "domains": True,
+            "lookups": {"_s": "textId", "_d": "domainId"},
             "reason": f"CASE WHEN b.eventType IS NULL OR b.eventType NOT IN ({NVTX_PUSHPOP}, {NVTX_STARTEND}, {NVTX_MARK}) "
             "THEN 'nvtx event that is not a range or mark (domain/category/thread naming)' "
             f"WHEN {text} IS NULL THEN (CASE WHEN b.textId IS NOT NULL THEN 'nvtx event with unknown string id' "
@@ -279,7 +280,7 @@ def _spec(table: str, multi: bool) -> dict:
         shared = ("(CASE WHEN b.staticSharedMemory IS NOT NULL OR b.dynamicSharedMemory IS NOT NULL THEN "
                   "coalesce(b.staticSharedMemory, 0) + coalesce(b.dynamicSharedMemory, 0) END)")  # fmt: skip
         # the row-by-row reader took the first name that was not empty (Python's `or`)
-        name = "coalesce(nullif(sd.value, ''), nullif(ss.value, ''), sm.value)"
+        name = "coalesce(nullif(b._sd, ''), nullif(b._ss, ''), b._sm)"
         args = _gpu_args(
             [
                 ("registers per thread", "b.registersPerThread"),
@@ -288,7 +289,7 @@ def _spec(table: str, multi: bool) -> dict:
                 ("dynamic shared memory", "b.dynamicSharedMemory"),
                 ("grid", "json_array(b.gridX, b.gridY, b.gridZ)"),
                 ("block", "json_array(b.blockX, b.blockY, b.blockZ)"),
-                ("short name", "ss.value"),
+                ("short name", "b._ss"),
             ]
         )
         args = args[:-1] + ", 'graph node id', b.graphNodeId)"
@@ -296,7 +297,7 @@ def _spec(table: str, multi: bool) -> dict:
             "cols": GPU_COLUMNS + ["demangledName", "shortName", "mangledName", "registersPerThread", "gridX", "gridY",
                                    "gridZ", "blockX", "blockY", "blockZ", "staticSharedMemory", "dynamicSharedMemory",
                                    "graphNodeId"],
-            "joins": {"sd": "demangledName", "ss": "shortName", "sm": "mangledName"},
+            "lookups": {"_sd": "demangledName", "_ss": "shortName", "_sm": "mangledName"},
             "reason": f"CASE {_interval_sql('kernel')} WHEN {name} IS NULL THEN 'kernel with unknown string id' END",
             "row": {"kind": "'kernel'", "cat": "'kernel'", "name": name, "correlation": corr(_pid_sql("globalPid")),
                     "args": args, **gpu},
@@ -340,10 +341,8 @@ def _spec(table: str, multi: bool) -> dict:
 
 def _statements(table: str, spec: dict, run_id: int, shift: int) -> tuple[str, str]:
     """The INSERT of a batch's mapped rows and the count of its skipped rows by reason (and detail)."""
-    joins = "".join(f' LEFT JOIN _nsys_strings {a} ON {a}.id = b."{c}"' for a, c in spec.get("joins", {}).items())
-    if spec.get("domains"):
-        joins += " LEFT JOIN _nsys_domains d ON d.id = b.domainId"
-    source = f"FROM _nsys_batch b{joins}"
+    # no join, no ORDER BY: a projection of the one Arrow batch keeps DuckDB's order-preserving insert
+    source = "FROM _nsys_batch b"
     row = spec["row"]
     ts = row.get("ts")
     values = {**row, "ts": f"{ts} + {int(shift)}" if ts else None}
@@ -352,7 +351,7 @@ def _statements(table: str, spec: dict, run_id: int, shift: int) -> tuple[str, s
     extra = orjson.dumps({"nsys_table": table}).decode()
     insert = (
         f"INSERT INTO event_rows SELECT {int(run_id)}::INTEGER, {exprs}, NULL, NULL, {row['args']}, "
-        f"'{extra}'::JSON, NULL, NULL {source} WHERE ({spec['reason']}) IS NULL ORDER BY b._rowid"
+        f"'{extra}'::JSON, NULL, NULL {source} WHERE ({spec['reason']}) IS NULL"
     )
     counts = (
         f"SELECT reason, detail, count(*) FROM (SELECT {spec['reason']} AS reason, {spec.get('detail', 'NULL')} "
@@ -362,7 +361,7 @@ def _statements(table: str, spec: dict, run_id: int, shift: int) -> tuple[str, s
 
 
 def _batches(src, path: Path, table: str, wanted: list[str], have: set[str], batch_rows: int):
-    """(rows, Arrow table of `_rowid` and the wanted columns) per batch of `table`, in rowid order.
+    """(rows, Arrow table of the wanted columns) per batch of `table`, in rowid order.
 
     SQLite formats each batch as one CSV text (printf per row, group_concat) that Arrow parses: no
     Python object per row or value. Integers are written bare, text SQL-quoted ('it''s', NULL bare), so
@@ -370,13 +369,13 @@ def _batches(src, path: Path, table: str, wanted: list[str], have: set[str], bat
     import pyarrow as pa
     from pyarrow import csv
 
-    types = {"_rowid": pa.int64(), **{c: pa.string() if c == "text" else pa.int64() for c in wanted}}
+    types = {c: pa.string() if c == "text" else pa.int64() for c in wanted}
     values = ", ".join(
         "NULL" if c not in have else f'"{c}"' if types[c] == pa.int64() else f'CAST("{c}" AS TEXT)' for c in wanted
     )
-    fmt = ",".join(["%s"] + ["%s" if types[c] == pa.int64() else "%Q" for c in wanted])
+    fmt = ",".join("%s" if types[c] == pa.int64() else "%Q" for c in wanted)
     query = (
-        f"SELECT max(r), count(*), group_concat(line, char(10)) FROM (SELECT rowid AS r, printf('{fmt}', rowid, "
+        f"SELECT max(r), count(*), group_concat(line, char(10)) FROM (SELECT rowid AS r, printf('{fmt}', "
         f'{values}) AS line FROM "{table}" WHERE rowid > ? ORDER BY rowid LIMIT ?)'
     )
     parse = csv.ParseOptions(quote_char="'", double_quote=True, newlines_in_values="text" in wanted)
@@ -408,10 +407,26 @@ def _batches(src, path: Path, table: str, wanted: list[str], have: set[str], bat
         src.text_factory = str
 
 
-def _read_ahead(path: Path, wanted: dict, batch_rows: int):
-    """(table, rows, Arrow batch) of every table in turn, fetched and parsed on a thread of its own while
-    the caller inserts the previous batch (SQLite, Arrow and DuckDB all release the GIL); at most
-    three batches are alive at once."""
+def _with_lookups(batch, lookups: dict, tables: dict):
+    """The batch with one text column per lookup (column name -> id column), the value of that id in its
+    table (`tables[name]`: Arrow id and value arrays), NULL for an unknown or NULL id: an Arrow hash
+    lookup instead of a join in DuckDB, which would make the batch's insert lose the row order. The
+    column is dictionary-encoded over the table's values, so no text is copied per row."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for name, col in lookups.items():
+        ids, values = tables[name]
+        found = pc.index_in(batch[col], value_set=ids, skip_nulls=True)
+        texts = [pa.DictionaryArray.from_arrays(chunk, values) for chunk in found.chunks]
+        batch = batch.append_column(name, pa.chunked_array(texts, pa.dictionary(pa.int32(), pa.string())))
+    return batch
+
+
+def _read_ahead(path: Path, wanted: dict, batch_rows: int, tables: dict):
+    """(table, rows, Arrow batch with its lookups) of every table in turn, fetched, parsed and looked up
+    on a thread of its own while the caller inserts the previous batch (SQLite, Arrow and DuckDB all
+    release the GIL); at most three batches are alive at once."""
     import queue
     import threading
 
@@ -431,9 +446,9 @@ def _read_ahead(path: Path, wanted: dict, batch_rows: int):
         try:
             src = _connect(path)
             try:
-                for table, (cols, have) in wanted.items():
+                for table, (cols, have, lookups) in wanted.items():
                     for n, batch in _batches(src, path, table, cols, have, batch_rows):
-                        if not put((table, n, batch)):
+                        if not put((table, n, _with_lookups(batch, lookups, tables))):
                             return
             finally:
                 src.close()
@@ -456,6 +471,7 @@ def _read_ahead(path: Path, wanted: dict, batch_rows: int):
 def _load(src, duck, out: Export, present: list[str], has_strings: bool, run_id: int, shift: int, multi: bool,
           batch_rows: int) -> None:  # fmt: skip
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     strings = dict(src.execute("SELECT id, value FROM StringIds")) if has_strings else {}
     domains = {}
@@ -463,26 +479,33 @@ def _load(src, duck, out: Export, present: list[str], has_strings: bool, run_id:
         for r in _select(src, NVTX, ["domainId", "text", "textId"], f"WHERE eventType = {NVTX_DOMAIN_CREATE}"):
             domains[r["domainId"]] = r["text"] or strings.get(r["textId"])
     try:
-        _nsys_strings = pa.table(  # noqa: F841  (read by DuckDB's replacement scans below)
-            {"id": pa.array(list(strings), pa.int64()), "value": pa.array(list(strings.values()), pa.string())}
-        )
-        _nsys_domains = pa.table(  # noqa: F841
-            {"id": pa.array(list(domains), pa.int64()), "name": pa.array(list(domains.values()), pa.string())}
-        )
+        ids, values = pa.array(list(strings), pa.int64()), pa.array(list(strings.values()), pa.string())
+        domain_names = (pa.array(list(domains), pa.int64()), pa.array(list(domains.values()), pa.string()))
     except (pa.ArrowException, TypeError, OverflowError) as e:
         raise InputError(out.source, "StringIds", f"expected integer ids and text values ({e})") from None
     specs = {table: _spec(table, multi) for table in present}
-    wanted = {table: (spec["cols"], _columns(src, table)) for table, spec in specs.items()}
+    wanted = {table: (spec["cols"], _columns(src, table), spec.get("lookups", {})) for table, spec in specs.items()}
+    # runtime names without the version suffix: the regex runs once per string, not once per call
+    unversioned = pc.replace_substring_regex(values, pattern=VERSION_SUFFIX, replacement="", max_replacements=1)
+    tables = {"_s": (ids, values), "_sd": (ids, values), "_ss": (ids, values), "_sm": (ids, values),
+              "_sv": (ids, unversioned), "_d": domain_names}  # fmt: skip
     statements = {table: _statements(table, spec, run_id, shift) for table, spec in specs.items()}
     classes: dict = {}
-    for table, n, _nsys_batch in _read_ahead(out.source, wanted, batch_rows):  # noqa: B007
-        insert, counts = statements[table]
-        duck.execute(insert)
-        for reason, detail, k in duck.execute(counts).fetchall():
-            out.skipped[reason] += k
-            if reason == OTHER_CLASS:
-                classes[detail] = classes.get(detail, 0) + k
-        out.read[table] += n
+    # one DuckDB thread: the read-ahead thread keeps the other core busy, and a second DuckDB thread
+    # only fought it for that core (64 MB export: 4.8 -> 4.2 s CPU); the caller's setting comes back after
+    threads = duck.execute("SELECT current_setting('threads')").fetchone()[0]
+    duck.execute("SET threads = 1")
+    try:
+        for table, n, _nsys_batch in _read_ahead(out.source, wanted, batch_rows, tables):  # noqa: B007
+            insert, counts = statements[table]
+            duck.execute(insert)
+            for reason, detail, k in duck.execute(counts).fetchall():
+                out.skipped[reason] += k
+                if reason == OTHER_CLASS:
+                    classes[detail] = classes.get(detail, 0) + k
+            out.read[table] += n
+    finally:
+        duck.execute(f"SET threads = {int(threads)}")
     if classes:
         out.notes["runtime_other_event_classes"] = {str(k): v for k, v in sorted(classes.items())}
     out.notes["rows_read"] = dict(out.read)

@@ -356,3 +356,13 @@ def test_malformed_values_and_truncation_mid_table_are_input_errors(tmp_path):
         assert str(bad) in str(err.value) and "\n" not in str(err.value)
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
         assert con.execute("SELECT count(*) FROM event_rows").fetchone()[0] == 0
+
+
+def test_loader_leaves_the_connection_threads_setting_as_it_found_it():
+    """The loader inserts on one DuckDB thread (its read-ahead thread takes the other core) and gives
+    the caller's setting back afterwards."""
+    con = db.connect(None)
+    con.execute("SET threads = 3")
+    nsys_sqlite.load(con, nsys_sqlite.read(corpus(CLOVERLEAF)), 1, 0)
+    assert con.execute("SELECT current_setting('threads')").fetchone()[0] == 3
+    assert con.execute("SELECT count(*) FROM event_rows").fetchone()[0] > 0
