@@ -36,14 +36,8 @@ import threading
 import time
 
 import make_big_nsys
-from run import cpu_and_memory
+from run import CACHE, CORPUS, HERE, PROJECT_PY, TRACEKIT, cpu_and_memory, venv_query
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-CORPUS = os.path.normpath(os.path.join(ROOT, "..", "shared", "corpus"))
-CACHE = os.path.join(HERE, ".cache")
-PROJECT_PY = os.path.join(ROOT, ".venv", "bin", "python")
-TRACEKIT = os.path.join(ROOT, ".venv", "bin", "tracekit")
 NSYSAI_VENV = os.path.join(HERE, ".venv-nsysai")
 NSYSAI_PY = os.path.join(NSYSAI_VENV, "bin", "python")
 NSYSAI_HOME = os.path.join(NSYSAI_VENV, "home")  # DuckDB looks for extensions under $HOME/.duckdb
@@ -314,11 +308,7 @@ def run_serving(args):
 
 
 def version(py, dist):
-    if not os.path.exists(py):
-        return "not installed"
-    code = f"import importlib.metadata as m; print(m.version({dist!r}))"
-    r = subprocess.run([py, "-c", code], capture_output=True, text=True)
-    return r.stdout.strip() if r.returncode == 0 else "not installed"
+    return venv_query(py, f"import importlib.metadata as m; print(m.version({dist!r}))")
 
 
 def machine_info(args):

@@ -25,6 +25,7 @@ from . import chrome_pairs
 from .json_slice import Staged
 
 FORMAT = "kineto"
+CHROME_FORMAT = "chrome_json"  # a Chrome trace from another producer: phases or keys Kineto never writes
 
 # Every key the Trace Event Format and Kineto define for an event. Keys outside this set are found
 # by sampling (see _sample_keys) and kept in event_rows.extra.
@@ -315,7 +316,10 @@ def _load(
         notes["clock"] = "epoch ns = baseTimeNanoseconds + ts * 1000"
     else:
         notes["clock"] = "ns = ts * 1000 (no baseTimeNanoseconds)"
-    return {"events_read": read, "events_skipped": sum(skipped.values()), "skipped_reasons": skipped, "notes": notes}
+    return {
+        "events_read": read, "events_skipped": sum(skipped.values()), "skipped_reasons": skipped, "notes": notes,
+        "format": CHROME_FORMAT if generic else FORMAT,
+    }  # fmt: skip
 
 
 def _fold_generic(con, run_id: int, exact: bool, base_ns: int) -> dict:

@@ -239,7 +239,7 @@ def annotate(con, run: dict, findings: list[dict], out: Path) -> dict:
     src = Path(run["source"])
     findings = [f for f in findings if f.get("locality", {}).get("run_id") in (None, run["run_id"])]
     pid = free_pid(con, run["run_id"])
-    chrome = run["format"] in ("kineto", "chrome_json")
+    chrome = run["format"] in ("kineto", "chrome_json")  # runs.format values (docs/schema.md)
     base = int(run.get("base_time_ns") or 0) if chrome else 0
     events, lanes = finding_events(findings, base, pid)
     slices = len(events) - 2 - lanes

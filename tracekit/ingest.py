@@ -507,17 +507,13 @@ def _discard(pending) -> None:
         pass
 
 
-CHROME_JSON = "chrome_json"  # a Chrome trace from another producer, read by the same reader as Kineto
-
-
 def _load_events(con, staged, rank: int | None, label: str | None, options: dict) -> tuple[int, dict, dict]:
     from tracekit.parsers import kineto
 
     run_id = dbmod.next_run_id(con)
     run = kineto.describe_run(staged, rank, label)
     counts = kineto.load(con, staged, run_id, **options)
-    if "chrome_json" in counts["notes"]:
-        run["format"] = CHROME_JSON  # it had phases or keys the PyTorch profiler never writes
+    run["format"] = counts["format"]  # kineto, or chrome_json for another producer's trace
     return run_id, run, counts
 
 
