@@ -161,7 +161,9 @@ def _relative(metric: str) -> bool:
 
 
 def _preference(metric: str) -> tuple:
-    """Relative metrics first (scale-free), then mean/rms before max (robust to single elements)."""
+    """Relative metrics first (scale-free), then mean/rms before max (robust to single elements).
+    Callers break the remaining ties by name: SQL rows come in no fixed order, and the representative
+    (and with it the finding id) must not change between two runs."""
     m = metric.lower()
     return (0 if _relative(m) else 1, 0 if ("mean" in m or "rms" in m or "ratio" in m) else 1)
 
@@ -249,9 +251,9 @@ def _growth(run, params, groups):
     failing_combos = list({ident(g): g for g in failing}.values())
     passing_combos = list({ident(g): g for g in groups if ident(g) not in bad_ids}.values())
     if failing:
-        rep = min(failing, key=lambda g: (_preference(g["metric"]), -g["err_max_size"]))
+        rep = min(failing, key=lambda g: (_preference(g["metric"]), -g["err_max_size"], g["metric"]))
     else:
-        rep = min(groups, key=lambda g: (_preference(g["metric"]), -g["err_max_size"] / tol))
+        rep = min(groups, key=lambda g: (_preference(g["metric"]), -g["err_max_size"] / tol, g["metric"]))
     conds = _conditions(rep)
     summary = (
         f"{rep['metric']} {rep['err_min_size']:.3g} at seq_len {rep['min_size']} -> {rep['err_max_size']:.3g} at "
@@ -356,7 +358,7 @@ def _variants(run, params, pairs):
     ]
     if not bad:
         return
-    rep = min(bad, key=lambda p: (_preference(p["metric"]), -p["ratio"]))
+    rep = min(bad, key=lambda p: (_preference(p["metric"]), -p["ratio"], p["metric"], p["row_index"]))
     conds = {k: rep[k] for k in ("precision", "dtype", "variant", "partitions", "seq_len") if rep.get(k) is not None}
     conds.update(json.loads(rep["other_conditions"] or "{}"))
     yield Finding(
@@ -404,7 +406,7 @@ def _tf32(run, params, pairs):
     ]
     if not hits:
         return
-    rep = min(hits, key=lambda p: (_preference(p["metric"]), p["seq_len"] or 0, p["row_index"]))
+    rep = min(hits, key=lambda p: (_preference(p["metric"]), p["seq_len"] or 0, p["row_index"], p["metric"]))
     conds = {k: rep[k] for k in ("precision", "dtype", "variant", "partitions") if rep.get(k) is not None}
     conds.update(json.loads(rep["other_conditions"] or "{}"))
     same_metric = [p for p in pairs if p["metric"] == rep["metric"]]
