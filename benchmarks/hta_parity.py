@@ -71,7 +71,7 @@ WHERE runtime_name IN ('cudaLaunchKernel', 'cudaMemcpyAsync', 'cudaMemsetAsync')
 
 def tracekit_side(path: str) -> dict:
     from tracekit import db
-    from tracekit.ingest import ingest
+    from tracekit.ingest.pipeline import ingest
 
     con = db.connect(None)
     ingest(con, [path])

@@ -21,8 +21,7 @@ from pathlib import Path
 import orjson
 
 from tracekit.errors import InputError
-
-from .rows import Export
+from tracekit.parsers.rows import Export
 
 FORMAT = "bench_serving"
 SNIFF_BYTES = 1 << 16

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import orjson
 
+from tracekit.db.schema import CATEGORY_KINDS, DEVICE_KINDS
 from tracekit.errors import InputError
-from tracekit.schema import CATEGORY_KINDS, DEVICE_KINDS
-
-from . import chrome_pairs
-from .json_slice import Staged
+from tracekit.parsers import chrome_pairs
+from tracekit.parsers.json_slice import Staged
 
 FORMAT = "kineto"
 CHROME_FORMAT = "chrome_json"  # a Chrome trace from another producer: phases or keys Kineto never writes

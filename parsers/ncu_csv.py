@@ -193,7 +193,7 @@ def _read_wide(header: list[str], body: list[list[str]], table: NcuTable) -> Non
 
 def load(con, table: NcuTable, run_id: int) -> None:
     """Insert parsed rows as run `run_id`."""
-    from tracekit.db import insert_rows
+    from tracekit.db.connection import insert_rows
 
     insert_rows(con, "ncu_metrics", run_id, ROW_FIELDS, [[_typed(k, r[k]) for k in ROW_FIELDS] for r in table.rows])
 

@@ -32,8 +32,7 @@ from pathlib import Path
 import orjson
 
 from tracekit.errors import InputError
-
-from .rows import Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
+from tracekit.parsers.rows import Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
 
 FORMAT = "nsys_sqlite"
 MAGIC = b"SQLite format 3\x00"

@@ -17,8 +17,7 @@ from pathlib import Path
 import orjson
 
 from tracekit.errors import InputError
-
-from .rows import Export
+from tracekit.parsers.rows import Export
 
 FORMAT = "nsys_stats_csv"
 

@@ -227,6 +227,6 @@ def _float(v) -> float | None:
 
 
 def load(con, table: NumericsTable, run_id: int) -> None:
-    from tracekit.db import insert_rows
+    from tracekit.db.connection import insert_rows
 
     insert_rows(con, "numerics", run_id, ROW_FIELDS, [[r[k] for k in ROW_FIELDS] for r in table.rows])

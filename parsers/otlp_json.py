@@ -26,8 +26,7 @@ from pathlib import Path
 import orjson
 
 from tracekit.errors import InputError
-
-from .rows import Export
+from tracekit.parsers.rows import Export
 
 FORMAT = "otlp_json"
 ATTACHABLE = True

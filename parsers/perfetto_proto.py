@@ -60,8 +60,7 @@ from pathlib import Path
 import orjson
 
 from tracekit.errors import InputError
-
-from .rows import Export
+from tracekit.parsers.rows import Export
 
 FORMAT = "perfetto_proto"
 GZIP_MAGIC = b"\x1f\x8b"

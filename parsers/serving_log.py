@@ -34,8 +34,7 @@ from pathlib import Path
 import orjson
 
 from tracekit.errors import InputError
-
-from .rows import Export
+from tracekit.parsers.rows import Export
 
 FORMAT = "serving_log"
 ATTACHABLE = True  # the lead's ingest may attach these rows to a trace's run and shift them onto its clock

@@ -1,5 +1,5 @@
 """Rules, one module each (importable as tracekit.rules). The registry lives in tracekit.rules_api."""
 
-from tracekit.rules_api import DataQuality, Param, Rule, all_rules, get_rule, rule
+from tracekit.engine.registry import DataQuality, Param, Rule, all_rules, get_rule, rule
 
 __all__ = ["DataQuality", "Param", "Rule", "all_rules", "get_rule", "rule"]

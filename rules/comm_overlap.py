@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import json
 
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import DataQuality, Param, rule
+from tracekit.engine.registry import DataQuality, Param, rule
+from tracekit.findings.model import Finding, Quantity
 
 # Per communication kernel on one (run, device): its overlap with the union of compute intervals.
 # The union is a sweep line (running max of end, a new block where a start passes it). Blocks are

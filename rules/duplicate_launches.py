@@ -52,8 +52,8 @@ of the op's GPU time.
 
 from __future__ import annotations
 
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import Param, rule
+from tracekit.engine.registry import Param, rule
+from tracekit.findings.model import Finding, Quantity
 
 # One row per (op occurrence, kernel, launch configuration): how often the op launched it. Launches
 # are single-kernel runtime calls outside CUDA graphs; the op is the nearest cpu_op ancestor of the

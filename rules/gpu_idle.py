@@ -52,9 +52,9 @@ busiest stream over the thresholds, and the others are listed in `evidence.detai
 
 from __future__ import annotations
 
-from tracekit.analysis import ms, us, user_frame
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import DataQuality, Param, rule
+from tracekit.engine.registry import DataQuality, Param, rule
+from tracekit.engine.toolkit import ms, us, user_frame
+from tracekit.findings.model import Finding, Quantity
 
 CAUSES = ("host", "other_gpu", "kernel_wait", "other")
 

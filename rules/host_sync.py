@@ -34,8 +34,8 @@ and `non_blocking=True`, and read it one step late.
 
 from __future__ import annotations
 
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import Param, rule
+from tracekit.engine.registry import Param, rule
+from tracekit.findings.model import Finding, Quantity
 
 SYNC_CALLS = (
     "cudaDeviceSynchronize",

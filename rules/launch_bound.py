@@ -54,9 +54,9 @@ time fell 13x.
 
 from __future__ import annotations
 
-from tracekit.analysis import ms, us, user_frame
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import Param, rule
+from tracekit.engine.registry import Param, rule
+from tracekit.engine.toolkit import ms, us, user_frame
+from tracekit.findings.model import Finding, Quantity
 
 # One row per (step instance, device) of run $run_id, with the step's GPU busy time and launch stats.
 # Steps: ProfilerStep#N annotations, else top-level user annotations, else the whole run window (when

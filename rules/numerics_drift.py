@@ -57,8 +57,8 @@ from __future__ import annotations
 
 import json
 
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import Param, rule
+from tracekit.engine.registry import Param, rule
+from tracekit.findings.model import Finding, Quantity
 
 TF32_NAMES = ("tf32", "default", "high")
 EXACT_NAMES = ("tf32x3", "ieee", "highest")

@@ -35,8 +35,8 @@ the same signature is compute-bound at 8 tiles (SM 83%) and costs 35 us of 88 us
 
 from __future__ import annotations
 
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import Param, rule
+from tracekit.engine.registry import Param, rule
+from tracekit.findings.model import Finding, Quantity
 
 # Per (run, kernel): the trend of instructions and DRAM bytes over the number of tiles (grid size).
 TREND_SQL = """

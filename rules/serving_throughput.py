@@ -33,9 +33,9 @@ tokens fill the KV cache while the second request's 22.7k-token prompt waits (as
 
 from __future__ import annotations
 
-from tracekit.analysis import ms
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import Param, rule
+from tracekit.engine.registry import Param, rule
+from tracekit.engine.toolkit import ms
+from tracekit.findings.model import Finding, Quantity
 
 # Per source: (counter name, throughput, queue, running and usage series (comma-separated), usage scale);
 # vLLM before V1 calls its queue `Pending`.

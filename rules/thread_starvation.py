@@ -76,8 +76,8 @@ from __future__ import annotations
 import math
 import re
 
-from tracekit.findings import Finding, Quantity
-from tracekit.rules_api import Param, rule
+from tracekit.engine.registry import Param, rule
+from tracekit.findings.model import Finding, Quantity
 
 ACTIVITY_KINDS = ("python_function", "user_annotation", "cpu_op", "cuda_runtime", "cuda_driver")
 WINDOW_KINDS = ("user_annotation", "cpu_op", "python_function")

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from tracekit.rules_api import all_rules
+from tracekit.engine.registry import all_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "rules.md"
@@ -44,13 +44,13 @@ SHOWN = (
 
 def example(code: str) -> dict | None:
     from tracekit import db
-    from tracekit.analysis import run_rules
-    from tracekit.summarizer import rank
+    from tracekit.engine.runner import run_rules
+    from tracekit.findings.report import rank
 
     files = [ROOT / "sample_traces" / f for f in EXAMPLES.get(code, ())]
     if not files or not all(f.exists() for f in files):
         return None
-    from tracekit.ingest import ingest
+    from tracekit.ingest.pipeline import ingest
 
     con = db.connect(None)
     ingest(con, files)

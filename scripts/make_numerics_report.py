@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tracekit.numerics import compare, write_report  # noqa: E402
+from tracekit.producers.numerics import compare, write_report  # noqa: E402
 
 K = V = 64
 CHUNK = 64

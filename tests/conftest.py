@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tracekit import db
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = Path(os.environ.get("TRACEKIT_CORPUS", ROOT.parent / "shared" / "corpus"))
@@ -71,7 +71,7 @@ _RULE_RESULTS: dict = {}
 def run_rule(con, code: str, cache: bool = True, **params):
     """(findings, that rule's data-quality notes) of one rule; memoized per connection and
     parameters, since rules only read."""
-    from tracekit.analysis import run_rules
+    from tracekit.engine.runner import run_rules
 
     key = (id(con), code, tuple(sorted(params.items())))
     if not cache or key not in _RULE_RESULTS:

@@ -18,8 +18,8 @@ import jsonschema
 import pytest
 
 from tests.conftest import ROOT, sample
-from tracekit.agent.fence import CLOSE, OPEN, unfence
 from tracekit.agent.tools import TOOLS, schema_document
+from tracekit.findings.fence import CLOSE, OPEN, unfence
 
 TRACEKIT = ROOT / ".venv" / "bin" / "tracekit"
 EAGER = sample("gpu_prefill_decode_eager.json.gz")
@@ -97,7 +97,7 @@ def run_cli(*args, env_key="test-key-123", timeout=120):
 
 @pytest.fixture(scope="module")
 def eager_findings(eager):
-    from tracekit.analysis import run_rules
+    from tracekit.engine.runner import run_rules
 
     findings, _ = run_rules(eager)
     return {f.rule: f.id for f in findings}
@@ -162,7 +162,7 @@ def test_scripted_session_through_real_http(eager_findings):
     q = unfence(third[-1]["content"])
     jsonschema.validate(q, TOOLS["query"].result_schema)
     from tracekit import db
-    from tracekit.ingest import ingest
+    from tracekit.ingest.pipeline import ingest
 
     con = db.connect(None)
     ingest(con, [EAGER])

@@ -12,12 +12,12 @@ import pytest
 from click.testing import CliRunner
 
 from tracekit import db
-from tracekit.analysis import run_rules
-from tracekit.annotate import TRACK_NAME, copy_with_events, ns_to_us_text
-from tracekit.cli import cli
-from tracekit.ingest import ingest
-from tracekit.summarizer import build_report
-from tracekit.summary import top_costs
+from tracekit.cli.app import cli
+from tracekit.engine.runner import run_rules
+from tracekit.findings.report import build_report
+from tracekit.findings.time_summary import top_costs
+from tracekit.ingest.pipeline import ingest
+from tracekit.render.annotate import TRACK_NAME, copy_with_events, ns_to_us_text
 
 from .conftest import corpus, sample
 
@@ -222,8 +222,8 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
 
 def test_streaming_in_small_chunks_gives_the_same_file(tmp_path, monkeypatch):
     """Samples fit in one read; force many chunks and a short held-back tail to exercise the streaming."""
-    import tracekit.annotate as annotate_mod
     import tracekit.parsers.json_slice as json_slice
+    import tracekit.render.annotate as annotate_mod
 
     extra = [b'{"ph":"X","cat":"tracekit","name":"x","pid":9,"tid":1,"ts":1.5,"dur":2}']
     big = tmp_path / "big.json"

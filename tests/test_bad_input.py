@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import corpus
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 
 SOURCE = "hta__cuda_event_sync_multi_stream__event_sync_trace.json.gz"  # small real trace, object form
 

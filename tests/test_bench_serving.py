@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import ROOT, sample
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import bench_serving, otlp_json
 
 DATA = Path(__file__).parent / "data" / "serving"

@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import corpus, sample
 from tracekit import db
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
 CHROMIUM = "chromium_startup.json.gz"

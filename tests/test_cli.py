@@ -11,7 +11,7 @@ from pathlib import Path
 import jsonschema
 
 from tests.conftest import corpus, sample
-from tracekit.findings import json_schema
+from tracekit.findings.model import json_schema
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import corpus, sample
-from tracekit.diff import bootstrap_ci, parse_accept, run_diff
+from tracekit.compare.diff import bootstrap_ci, parse_accept, run_diff
 from tracekit.errors import TracekitError
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
@@ -187,8 +187,8 @@ def test_analyze_with_baseline():
 
 
 def test_help_lists_every_metric():
-    from tracekit.cli import _ACCEPT_HELP
-    from tracekit.diff import METRICS
+    from tracekit.cli.app import _ACCEPT_HELP
+    from tracekit.compare.diff import METRICS
 
     for metric in METRICS:
         assert metric.split(":")[0] in _ACCEPT_HELP

@@ -11,11 +11,11 @@ from click.testing import CliRunner
 
 from tests.conftest import sample
 from tests.test_agent_loop import FakeChatServer
-from tracekit.agent.fence import OPEN, unfence
 from tracekit.agent.tools import schema_document
-from tracekit.cli import cli
-from tracekit.feedback import build_feedback, build_records, check_prose, estimate_tokens
-from tracekit.findings import SEVERITY_RANK
+from tracekit.cli.app import cli
+from tracekit.findings.feedback import build_feedback, build_records, check_prose, estimate_tokens
+from tracekit.findings.fence import OPEN, unfence
+from tracekit.findings.model import SEVERITY_RANK
 
 EAGER = str(sample("gpu_prefill_decode_eager.json.gz"))
 GRAPH = str(sample("gpu_prefill_decode_cudagraph.json.gz"))
@@ -24,7 +24,7 @@ SCHEMA = schema_document()["feedback"]
 
 @pytest.fixture(scope="module")
 def eager_dicts(eager):
-    from tracekit.analysis import run_rules
+    from tracekit.engine.runner import run_rules
 
     return [f.as_dict() for f in run_rules(eager)[0]]
 
@@ -32,7 +32,7 @@ def eager_dicts(eager):
 @pytest.fixture(scope="module")
 def twice(loaded):
     """The eager trace ingested twice: two runs, every finding seen twice (same ids, different run_id)."""
-    from tracekit.analysis import run_rules
+    from tracekit.engine.runner import run_rules
 
     con = loaded(sample("gpu_prefill_decode_eager.json.gz"), sample("gpu_prefill_decode_eager.json.gz"))
     return [f.as_dict() for f in run_rules(con)[0]]

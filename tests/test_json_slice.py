@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import corpus, sample
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import json_slice
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import CORPUS, corpus, sample
 from tracekit import db
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import kineto
 
 KINETO_FILES = sorted(p.name for p in CORPUS.glob("*.json*")) if CORPUS.exists() else []

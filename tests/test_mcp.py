@@ -7,8 +7,8 @@ import jsonschema
 import pytest
 
 from tests.conftest import ROOT, sample
-from tracekit.agent.fence import unfence
 from tracekit.agent.tools import TOOLS, schema_document
+from tracekit.findings.fence import unfence
 
 EAGER = str(sample("gpu_prefill_decode_eager.json.gz"))
 GRAPH = str(sample("gpu_prefill_decode_cudagraph.json.gz"))
@@ -32,7 +32,7 @@ async def _session_calls(calls):
 
 @pytest.fixture(scope="module")
 def eager_findings(eager):
-    from tracekit.analysis import run_rules
+    from tracekit.engine.runner import run_rules
 
     return run_rules(eager)[0]
 
@@ -70,8 +70,8 @@ def test_lists_every_tool_with_schemas(mcp_run):
 
 def test_every_tool_answers_on_a_real_trace(mcp_run):
     from tracekit import db
-    from tracekit.analysis import run_rules
-    from tracekit.ingest import ingest
+    from tracekit.engine.runner import run_rules
+    from tracekit.ingest.pipeline import ingest
 
     ok = {name: (args, r) for name, args, r in mcp_run["calls"] if not r.is_error}
     assert set(ok) == set(TOOLS)
@@ -102,7 +102,7 @@ def test_every_tool_answers_on_a_real_trace(mcp_run):
 
 
 def test_get_finding_drills_down(mcp_run, eager_findings):
-    from tracekit.findings import json_schema
+    from tracekit.findings.model import json_schema
 
     worst = max(eager_findings, key=lambda f: f.impact_ns)
     r = next(r for name, args, r in mcp_run["calls"] if name == "get_finding" and not r.is_error)
@@ -128,7 +128,7 @@ def test_errors_are_tool_results_with_hints(mcp_run):
 
 
 def test_diff_marks_finding_status(mcp_run):
-    from tracekit.finding_status import STATUSES
+    from tracekit.findings.status import STATUSES
 
     r = next(r for name, _, r in mcp_run["calls"] if name == "diff")
     doc = r.structured_content

@@ -12,8 +12,8 @@ import pytest
 
 from tests.conftest import CORPUS, sample
 from tracekit.errors import TracekitError
-from tracekit.ingest import ingest
-from tracekit.offsets import TZ_STEP_NS, measure, parse_duration, parse_offsets
+from tracekit.ingest.offsets import TZ_STEP_NS, measure, parse_duration, parse_offsets
+from tracekit.ingest.pipeline import ingest
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
 DEMO_TRACE = sample("runtime_demo.json.gz")

@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import CORPUS, evidence, run_rule
 from tracekit import db
-from tracekit.findings import json_schema
-from tracekit.ingest import ingest
+from tracekit.findings.model import json_schema
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import ncu_csv
 
 KDA = CORPUS.parent / "reference" / "experiments" / "results" / "ncu_kda.csv"  # H200, BV = 16..128

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import corpus, run_rule
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import nsys_sqlite
 
 SAXPY = "pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite"  # nsys 2022.2, runtime table altered by pipit

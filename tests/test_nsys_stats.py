@@ -8,7 +8,7 @@ import pytest
 from tests.conftest import corpus
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 
 NBODY = "pipit__nbody-nvtx__trace.csv"  # nvtx_pushpop_trace of the CUDA n-body sample
 

@@ -16,10 +16,10 @@ import pytest
 
 from tests.conftest import SAMPLES, evidence, run_rule
 from tracekit import db
-from tracekit.findings import json_schema
-from tracekit.ingest import ingest, plan
-from tracekit.numerics import compare, write_report
+from tracekit.findings.model import json_schema
+from tracekit.ingest.pipeline import ingest, plan
 from tracekit.parsers import numerics_report
+from tracekit.producers.numerics import compare, write_report
 
 REPORT = SAMPLES / "numerics_tf32.csv"
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))

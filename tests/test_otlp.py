@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ROOT, sample
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import otlp_json
 
 FIXTURE = Path(__file__).parent / "data" / "serving" / "otlp_requests.jsonl"

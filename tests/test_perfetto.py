@@ -16,7 +16,7 @@ import pytest
 from tests.conftest import ROOT, corpus, sample
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest import ingest, row_reader
+from tracekit.ingest.pipeline import ingest, row_reader
 from tracekit.parsers import perfetto_proto
 
 NESTED = "perfetto__nested_tracks.perfetto-trace"  # track descriptors, nested tracks, flows

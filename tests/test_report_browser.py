@@ -13,7 +13,7 @@ import zlib
 import pytest
 from click.testing import CliRunner
 
-from tracekit.cli import cli
+from tracekit.cli.app import cli
 
 from .conftest import sample
 
@@ -72,7 +72,7 @@ def test_renders_without_script_errors_and_draws_every_figure(report):
 def test_the_error_box_catches_a_broken_script(tmp_path):
     """The check above could not pass by accident: the report's hook shows a throwing script and a
     console.error, including one raised before the error box exists."""
-    from tracekit.output.html_report import _ERROR_HOOK
+    from tracekit.render.html import _ERROR_HOOK
 
     browser = _chromium()
     page = tmp_path / "broken.html"

@@ -9,11 +9,12 @@ import re
 import pytest
 from click.testing import CliRunner
 
-from tracekit.analysis import run_rules
-from tracekit.cli import cli
-from tracekit.output import html_report, timeline
-from tracekit.summarizer import build_report
-from tracekit.summary import top_costs
+from tracekit.cli.app import cli
+from tracekit.engine.runner import run_rules
+from tracekit.findings.report import build_report
+from tracekit.findings.time_summary import top_costs
+from tracekit.render import html as html_report
+from tracekit.render import timeline
 
 from .conftest import corpus, sample
 

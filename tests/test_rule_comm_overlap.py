@@ -8,9 +8,9 @@ import jsonschema
 import pytest
 
 import tracekit.rules.comm_overlap as comm_overlap
-from tracekit.analysis import run_rules
-from tracekit.findings import json_schema
-from tracekit.rules_api import get_rule
+from tracekit.engine.registry import get_rule
+from tracekit.engine.runner import run_rules
+from tracekit.findings.model import json_schema
 
 from .conftest import corpus, evidence, sample
 

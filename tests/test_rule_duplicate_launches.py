@@ -13,8 +13,8 @@ import pytest
 import tracekit.rules.duplicate_launches  # noqa: F401  (registers K002 until RULE_MODULES lists it)
 from tests.conftest import CORPUS, evidence, run_rule, sample
 from tracekit import db
-from tracekit.findings import json_schema
-from tracekit.ingest import ingest
+from tracekit.findings.model import json_schema
+from tracekit.ingest.pipeline import ingest
 
 KINETO_FILES = sorted(p.name for p in CORPUS.glob("*.json*")) if CORPUS.exists() else []
 

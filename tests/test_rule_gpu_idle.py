@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 
 import tracekit.rules.gpu_idle as gpu_idle
-from tracekit.findings import SEVERITY_RANK, json_schema
-from tracekit.ingest import ingest
-from tracekit.rules_api import get_rule
+from tracekit.engine.registry import get_rule
+from tracekit.findings.model import SEVERITY_RANK, json_schema
+from tracekit.ingest.pipeline import ingest
 
 from .conftest import corpus, evidence, run_rule, sample, trace
 

@@ -7,8 +7,8 @@ import jsonschema
 import pytest
 
 from tests.conftest import corpus, evidence, sample
-from tracekit.analysis import run_rules
-from tracekit.findings import json_schema
+from tracekit.engine.runner import run_rules
+from tracekit.findings.model import json_schema
 
 
 def findings(con, **params):

@@ -8,9 +8,9 @@ import jsonschema
 import pytest
 
 import tracekit.rules.launch_bound as launch_bound
-from tracekit.findings import json_schema
-from tracekit.ingest import ingest
-from tracekit.rules_api import get_rule
+from tracekit.engine.registry import get_rule
+from tracekit.findings.model import json_schema
+from tracekit.ingest.pipeline import ingest
 
 from .conftest import corpus, evidence, run_rule, sample, trace
 

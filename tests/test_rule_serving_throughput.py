@@ -8,7 +8,7 @@ import re
 
 from tests.conftest import corpus, evidence, run_rule
 from tracekit import db
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 
 SGLANG = "sglsetup__sglang.log"
 VLLM = "energyllm__vllm_server.log"

@@ -17,8 +17,8 @@ import pytest
 import tracekit.rules.thread_starvation  # noqa: F401  (registers H002 until it is in RULE_MODULES)
 from tests.conftest import ROOT, corpus, evidence, run_rule, sample
 from tracekit import db
-from tracekit.findings import json_schema
-from tracekit.ingest import ingest
+from tracekit.findings.model import json_schema
+from tracekit.ingest.pipeline import ingest
 
 REFERENCE = Path(
     os.environ.get("TRACEKIT_GIL_REFERENCE", ROOT.parent / "shared" / "reference" / "experiments" / "results")

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tracekit.rules_api import RULE_MODULES, all_rules, discovered_modules, get_rule
+from tracekit.engine.registry import RULE_MODULES, all_rules, discovered_modules, get_rule
 
 REQUIRED_HEADINGS = ("## What it does", "## Why it matters", "## Example", "## Options")
 
@@ -49,7 +49,7 @@ def test_rules_doc_is_generated_and_current():
 
 
 def test_finding_id_ignores_timings_and_os_thread_ids():
-    from tracekit.findings import finding_id
+    from tracekit.findings.model import finding_id
 
     a = finding_id(
         "H001", {"thread_name": "thread 4830 (kv_transfer)", "op": "aten::item", "window_ns": [1, 2], "run_id": 1}
@@ -63,7 +63,7 @@ def test_finding_id_ignores_timings_and_os_thread_ids():
 
 
 def test_bool_and_int_params_coerce_from_cli_text():
-    from tracekit.rules_api import Param, Rule
+    from tracekit.engine.registry import Param, Rule
 
     r = Rule("X001", "x", "x", "x", (), {"flag": Param(False, ""), "n": Param(3, "")}, check=lambda *a: [])
     assert r.resolve_params({"flag": "false", "n": "4"}) == {"flag": False, "n": 4}
@@ -76,7 +76,7 @@ def test_bool_and_int_params_coerce_from_cli_text():
 
 def test_a_rule_whose_query_fails_becomes_a_data_quality_note(loaded, monkeypatch):
     from tests.conftest import sample
-    from tracekit.analysis import run_rules
+    from tracekit.engine.runner import run_rules
     from tracekit.rules import host_sync
 
     con = loaded(sample("gpu_prefill_decode_eager.json.gz"))

@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import CORPUS, sample
 from tracekit import db
-from tracekit.analysis import run_rules
-from tracekit.ingest import ingest, plan
+from tracekit.engine.runner import run_rules
+from tracekit.ingest.pipeline import ingest, plan
 from tracekit.parsers import runtime_events
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))

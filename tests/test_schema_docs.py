@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from tracekit import db
-from tracekit.schema import PUBLIC_TABLES, PUBLIC_VIEWS
+from tracekit.db.schema import PUBLIC_TABLES, PUBLIC_VIEWS
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "schema.md").read_text()
 

@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT, corpus, sample
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest import ingest
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import runtime_events, serving_log
 
 SGLANG = "sglsetup__sglang.log"

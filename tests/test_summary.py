@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tracekit.summary import top_costs
+from tracekit.findings.time_summary import top_costs
 
 from .conftest import corpus, sample
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 import re
 
-from .fence import SYSTEM_RULE, fence
-from .session import Session
-from .tools import call, openai_tools
+from tracekit.agent.session import Session
+from tracekit.agent.tools import call, openai_tools
+from tracekit.findings.fence import SYSTEM_RULE, fence
 
 FINDING_ID = re.compile(r"\b[A-Z]+[0-9]+-[0-9a-f]{12}\b")
 

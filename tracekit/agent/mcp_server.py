@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 
-from .. import __version__
-from .fence import SYSTEM_RULE, fence
-from .session import Session
-from .tools import TOOLS, call
+from tracekit import __version__
+from tracekit.agent.session import Session
+from tracekit.agent.tools import TOOLS, call
+from tracekit.findings.fence import SYSTEM_RULE, fence
 
 INSTRUCTIONS = (
     "tracekit turns profiler traces into ranked performance findings. Start with analyze (paths of trace "

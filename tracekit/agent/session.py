@@ -61,7 +61,7 @@ class Session:
         return self.latest
 
     def ingest(self, paths: list[str], labels: list[str] | None = None) -> tuple[Database, list[dict]]:
-        from ..ingest import ingest
+        from tracekit.ingest.pipeline import ingest
 
         def fill(con):
             return [r.as_dict() for r in ingest(con, [Path(p) for p in paths], labels=labels)]
@@ -70,8 +70,8 @@ class Session:
 
     def build(self, paths: list[str], fill) -> tuple[Database, object]:
         """A new database from `fill(con)` (ingest, or a diff's two sides); registered only if it succeeds."""
-        from .. import db
-        from ..errors import TracekitError
+        from tracekit import db
+        from tracekit.errors import TracekitError
 
         missing = [p for p in paths if not Path(p).is_file()]
         if missing:
@@ -94,9 +94,9 @@ class Session:
 
     def analyze(self, entry: Database, rules: list[str] | None = None) -> list[dict]:
         """Findings of the database (cached for the default rule set)."""
-        from .. import db
-        from ..analysis import run_rules
-        from ..rules_api import get_rule
+        from tracekit import db
+        from tracekit.engine.registry import get_rule
+        from tracekit.engine.runner import run_rules
 
         if rules:
             for key in rules:

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 
-from .fence import encode
-from .session import Session, ToolError
+from tracekit.agent.session import Session, ToolError
+from tracekit.findings.fence import encode
 
 MAX_RESULT_CHARS = 40_000
 _STR = {"type": "string"}
@@ -56,7 +56,7 @@ def schema_document() -> dict:
 
 
 def _sandbox_rows(entry, sql: str, params: dict | None = None, max_rows: int = 1000) -> list[dict]:
-    from .sandbox import run_query
+    from tracekit.agent.sandbox import run_query
 
     res = run_query(entry.path, sql, max_rows=max_rows, params=params)
     return [dict(zip(res["columns"], r)) for r in res["rows"]]
@@ -103,7 +103,7 @@ def analyze(
     run_id: int | None = None,
     budget_tokens: int = 2000,
 ) -> dict:
-    from ..feedback import build_feedback
+    from tracekit.findings.feedback import build_feedback
 
     if paths and database:
         raise ToolError("pass either paths or database, not both", "paths ingest a new database; database reuses one")
@@ -124,7 +124,7 @@ def analyze(
 
 
 def get_finding(session: Session, finding_id: str, database: str | None = None) -> dict:
-    from .sandbox import QueryRefused, run_query
+    from tracekit.agent.sandbox import QueryRefused, run_query
 
     entry, finding = session.find(finding_id, database)
     out = {"database": entry.handle, "finding": finding, "truncated": False}
@@ -137,7 +137,7 @@ def get_finding(session: Session, finding_id: str, database: str | None = None) 
 
 
 def explain_rule(session: Session, rule: str) -> dict:
-    from ..rules_api import get_rule
+    from tracekit.engine.registry import get_rule
 
     try:
         r = get_rule(rule)
@@ -151,7 +151,7 @@ def explain_rule(session: Session, rule: str) -> dict:
 
 
 def query(session: Session, sql: str, database: str | None = None, max_rows: int = 50) -> dict:
-    from .sandbox import QueryRefused, run_query
+    from tracekit.agent.sandbox import QueryRefused, run_query
 
     entry = session.get(database)
     if not 1 <= max_rows <= 500:
@@ -210,8 +210,8 @@ def diff(
     accept: list[str] | None = None,
     top: int = 8,
 ) -> dict:
-    from .. import diff as diffmod
-    from ..finding_status import classify
+    from tracekit.compare import diff as diffmod
+    from tracekit.findings.status import classify
 
     for a in accept or []:
         try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from .errors import TracekitError
+from tracekit.errors import TracekitError
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -73,7 +73,7 @@ def _progress(total: int):
 
 
 def _open_db(path: str | None, must_exist: bool = False):
-    from . import db
+    from tracekit import db
 
     if path and must_exist and not Path(path).exists():
         raise TracekitError(f"{path}: database not found")
@@ -97,8 +97,8 @@ OFFSET_OPTION = click.option(
 
 
 def _ingest(con, traces, rank, labels, metrics=()):
-    from .ingest import ingest
-    from .offsets import parse_offsets
+    from tracekit.ingest.offsets import parse_offsets
+    from tracekit.ingest.pipeline import ingest
 
     specs = click.get_current_context().meta.get("tracekit.offsets", ())
     offsets = parse_offsets(specs, traces)
@@ -132,7 +132,7 @@ def ingest(traces, db_path, rank, labels, metrics, fmt):
     \b
         tracekit ingest rank0.json.gz rank1.json.gz --db run.duckdb
     """
-    from .output.tables import emit_rows
+    from tracekit.render.tables import emit_rows
 
     con = _open_db(db_path)
     results = _ingest(con, traces, rank, labels, metrics)
@@ -186,7 +186,7 @@ def sql(db_path, query, fmt, params):
     """
     import duckdb
 
-    from .output.tables import emit_rows
+    from tracekit.render.tables import emit_rows
 
     if query == "-":
         query = sys.stdin.read()
@@ -259,12 +259,12 @@ def analyze(
         tracekit analyze run.json.gz --format json --rules host-sync,G001 --param G001.min_idle_share=0.1
         tracekit analyze new.json.gz --baseline old.json.gz --accept "step_time <= +5%"
     """
-    from .analysis import run_rules
-    from .findings import SEVERITY_RANK
-    from .output.report import render
-    from .rules_api import get_rule
-    from .summarizer import build_report, worst_severity
-    from .summary import top_costs
+    from tracekit.engine.registry import get_rule
+    from tracekit.engine.runner import run_rules
+    from tracekit.findings.model import SEVERITY_RANK
+    from tracekit.findings.report import build_report, worst_severity
+    from tracekit.findings.time_summary import top_costs
+    from tracekit.render.report import render
 
     select = [k.strip() for k in rule_keys.split(",") if k.strip()] if rule_keys else None
     overrides = _parse_params(params)
@@ -286,7 +286,7 @@ def analyze(
     if baselines and existing:
         raise TracekitError("--baseline compares trace files: pass the candidate's trace files, not a .duckdb")
     if accepts:
-        from .diff import parse_accept
+        from tracekit.compare.diff import parse_accept
 
         for a in accepts:
             parse_accept(a)  # a bad criterion fails before any ingest
@@ -300,8 +300,8 @@ def analyze(
     report = build_report(con, findings, notes, top_costs(con), max_findings=max_findings)
     diff_doc = None
     if baselines:
-        from .diff import render as render_diff
-        from .finding_status import diff_with_status
+        from tracekit.compare.diff import render as render_diff
+        from tracekit.findings.status import diff_with_status
 
         candidate = [f.as_dict() for f in findings]
         diff_doc, status_doc = diff_with_status(list(baselines), list(traces), candidate, step, accepts, select, overrides)
@@ -309,13 +309,13 @@ def analyze(
             report["diff"] = diff_doc
             report["finding_status"] = status_doc
     if fmt == "feedback":
-        from .cli_agent import emit_feedback
+        from tracekit.cli.agent import emit_feedback
 
         emit_feedback(findings, status_doc if baselines else None, budget_tokens, llm, base_url, model, api_key_env)
     else:
         render(report, fmt)
     if diff_doc is not None and fmt not in ("json", "feedback"):
-        from .finding_status import to_text as status_text
+        from tracekit.findings.status import to_text as status_text
 
         click.echo("")
         click.echo(render_diff(diff_doc, fmt), nl=False)
@@ -359,7 +359,7 @@ def diff(traces, baselines, candidates, step, accepts, top, fmt):
         tracekit diff -b a_rank0.json.gz -b a_rank1.json.gz -c b_rank0.json.gz -c b_rank1.json.gz -f json
         tracekit diff old.json.gz new.json.gz --step decode_step --accept "phase:prefill <= +2%"
     """
-    from .diff import parse_accept, render, run_diff
+    from tracekit.compare.diff import parse_accept, render, run_diff
 
     if traces and (baselines or candidates):
         raise TracekitError("pass BASELINE CANDIDATE, or --baseline/--candidate options, not both")
@@ -399,8 +399,8 @@ def rules(ctx, fmt):
     """List the rules (code, name, category, parameters)."""
     if ctx.invoked_subcommand:
         return
-    from .output.tables import emit_rows
-    from .rules_api import all_rules
+    from tracekit.engine.registry import all_rules
+    from tracekit.render.tables import emit_rows
 
     rows = []
     for r in all_rules():
@@ -416,7 +416,7 @@ def rules_show(key, fmt):
     """Print one rule's documentation (by code or name)."""
     import json
 
-    from .rules_api import get_rule
+    from tracekit.engine.registry import get_rule
 
     try:
         r = get_rule(key)
@@ -438,14 +438,15 @@ def schema():
     """Print the JSON Schema of the finding record."""
     import json
 
-    from .findings import json_schema
+    from tracekit.findings.model import json_schema
 
     click.echo(json.dumps(json_schema(), indent=2))
 
 
 # Commands that live in their own modules; those modules import heavy packages inside the commands,
 # so registering them keeps `tracekit --help` fast.
-from . import cli_agent, cli_report  # noqa: E402
+from tracekit.cli import agent as cli_agent  # noqa: E402
+from tracekit.cli import report as cli_report  # noqa: E402
 
 cli_agent.register(cli, Group, CONTEXT)
 cli_report.register(cli, Group, CONTEXT)

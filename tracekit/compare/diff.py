@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import TracekitError
+from tracekit.errors import TracekitError
 
 DIFF_SCHEMA_VERSION = "1.0"
 SIDES = ("baseline", "candidate")
@@ -51,7 +51,7 @@ class Side:
 
 def load(con, baseline: list, candidate: list) -> dict[str, Side]:
     """Ingest both sides into `con`; returns the sides with their run ids."""
-    from .ingest import ingest
+    from tracekit.ingest.pipeline import ingest
 
     if not baseline or not candidate:
         raise TracekitError("diff needs at least one baseline and one candidate trace")
@@ -723,7 +723,7 @@ def _headline(d: dict) -> dict:
 
 def run_diff(baseline: list, candidate: list, step: str | None = None, accept=(), top: int = 15) -> dict:
     """Ingest both sides into a fresh in-memory database and compare them."""
-    from . import db
+    from tracekit import db
 
     for a in accept:
         parse_accept(a)  # a bad expression fails before the ingest

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .errors import TracekitError
+from tracekit.errors import TracekitError
 
 UNITS_NS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
 DURATION = re.compile(r"^\s*([+-]?\d+(?:\.\d+)?)\s*(ns|us|ms|s|m|h)?\s*$")

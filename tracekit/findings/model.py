@@ -126,5 +126,5 @@ def finding_id(rule: str, locality: dict) -> str:
 
 
 def json_schema() -> dict:
-    text = resources.files("tracekit").joinpath("finding.schema.json").read_text()
+    text = resources.files("tracekit.findings").joinpath("finding.schema.json").read_text()
     return json.loads(text)

@@ -7,7 +7,7 @@ events that start together is the outer one, and a zero-length event ends after 
 
 Python frames (python_function) form their own tree: record_function annotations open inside one
 frame (`__enter__`) and close in another, so frames and ops do not nest with each other. An op's
-Python stack is found by time instead (analysis.Context.code_path).
+Python stack is found by time instead (tracekit.engine.toolkit.Context.code_path).
 """
 
 NESTING_SQL = """

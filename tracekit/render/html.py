@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import json
 
-from . import timeline as tl
+from tracekit.render import timeline as tl
 
 COLORS = {
     "compute": "#4C78A8",
@@ -123,7 +123,7 @@ _STEP_KINDS = "('user_annotation', 'cpu_op')"
 
 def step_windows(con, run_ids: list[int]) -> dict:
     """Fill temp table tk_steps(run_id, idx, ts_ns, end_ns, device) the way `tracekit diff` finds steps."""
-    from ..diff import Side, find_steps
+    from tracekit.compare.diff import Side, find_steps
 
     step = find_steps(con, {"all": Side("all", run_ids)}, None) if run_ids else {"name": None, "source": "no runs"}
     con.execute(

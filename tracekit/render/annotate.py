@@ -18,7 +18,7 @@ from pathlib import Path
 
 import orjson
 
-from .errors import InputError
+from tracekit.errors import InputError
 
 TRACK_NAME = "tracekit findings"
 CATEGORY = "tracekit"
@@ -90,7 +90,7 @@ def finding_events(findings: list[dict], base_ns: int, pid: int) -> tuple[list[b
 
 def _chunks(path: Path):
     """The file's bytes, decompressed when gzip (concatenated members too), in chunks."""
-    from .parsers.json_slice import is_gzip
+    from tracekit.parsers.json_slice import is_gzip
 
     with open(path, "rb") as f:
         if not is_gzip(path):
@@ -121,7 +121,7 @@ def _open_out(tmp: Path, out: Path):
 
 def copy_with_events(src: Path, out: Path, events: list[bytes]) -> None:
     """Stream src to out, inserting events before the `]` that closes the traceEvents array."""
-    from .parsers.json_slice import TAIL_KEEP, WS, _find_array_start, _split_tail, first_char
+    from tracekit.parsers.json_slice import TAIL_KEEP, WS, _find_array_start, _split_tail, first_char
 
     tmp = out.with_name(out.name + ".partial")
     head = b""

@@ -7,9 +7,9 @@ whole: at most `max_findings` findings, each already compact; what was cut is co
 
 from __future__ import annotations
 
-from . import __version__
-from .findings import FINDING_SCHEMA_VERSION, SEVERITY_RANK, Finding
-from .schema import SCHEMA_VERSION
+from tracekit import __version__
+from tracekit.db.schema import SCHEMA_VERSION
+from tracekit.findings.model import FINDING_SCHEMA_VERSION, SEVERITY_RANK, Finding
 
 REPORT_VERSION = "1.0"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import tempfile
 
-from . import __version__
-from .schema import SCHEMA_VERSION, TABLES_DDL, VIEWS_DDL
+from tracekit import __version__
+from tracekit.db.schema import SCHEMA_VERSION, TABLES_DDL, VIEWS_DDL
 
 
 def connect(path: str | None = None, read_only: bool = False):

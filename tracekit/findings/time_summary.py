@@ -9,7 +9,7 @@ it stays fast on databases of millions of events.
 
 from __future__ import annotations
 
-from .schema import DEVICE_KINDS
+from tracekit.db.schema import DEVICE_KINDS
 
 # Host-side kinds whose top-level (depth 0) events make up a thread's CPU time.
 _NOT_THREAD_TIME = ("profiler_span", "overhead", "runtime_event")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..schema import DEVICE_KINDS
+from tracekit.db.schema import DEVICE_KINDS
 
 # Host kinds that are not work on a thread: the profiler's own span and bookkeeping.
 _NOT_HOST = (*DEVICE_KINDS, "profiler_span", "overhead")

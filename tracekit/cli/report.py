@@ -6,17 +6,17 @@ from pathlib import Path
 
 import click
 
-from .errors import TracekitError
+from tracekit.errors import TracekitError
 
 
 def _analyse(traces, rule_keys, rank, max_findings):
     """Ingest into an in-memory database and run the rules: (con, report document)."""
-    from . import db
-    from .analysis import run_rules
-    from .ingest import ingest
-    from .rules_api import get_rule
-    from .summarizer import build_report
-    from .summary import top_costs
+    from tracekit import db
+    from tracekit.engine.registry import get_rule
+    from tracekit.engine.runner import run_rules
+    from tracekit.findings.report import build_report
+    from tracekit.findings.time_summary import top_costs
+    from tracekit.ingest.pipeline import ingest
 
     select = [k.strip() for k in rule_keys.split(",") if k.strip()] if rule_keys else None
     try:
@@ -71,7 +71,7 @@ def register(cli, group_cls, context) -> None:
             tracekit report rank0.json.gz rank1.json.gz -o ranks.html
             tracekit report new.json.gz --baseline old.json.gz -o diff.html
         """
-        from .output.html_report import build
+        from tracekit.render.html import build
 
         _check_out(out, (".html", ".htm"))
         if step and not baselines:
@@ -79,7 +79,7 @@ def register(cli, group_cls, context) -> None:
         con, doc = _analyse(traces, rule_keys, rank, max_findings)
         diff_doc = None
         if baselines:
-            from .diff import run_diff
+            from tracekit.compare.diff import run_diff
 
             diff_doc = run_diff(list(baselines), list(traces), step=step)
         name = title or "tracekit report: " + ", ".join(Path(t).name for t in traces)
@@ -105,7 +105,7 @@ def register(cli, group_cls, context) -> None:
         \b
             tracekit annotate run.pt.trace.json.gz -o annotated.json.gz
         """
-        from .annotate import annotate as write_annotated
+        from tracekit.render.annotate import annotate as write_annotated
 
         _check_out(out, (".json", ".json.gz"))
         if out.resolve() == trace.resolve():

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from . import db as dbmod
-from .nesting import compute_nesting
+from tracekit import db as dbmod
+from tracekit.ingest.nesting import compute_nesting
 
 
 @dataclass
@@ -121,7 +121,7 @@ def ingest(
     events both share (runtime-event logs) or on their windows (server logs); `offsets` (path -> ns)
     overrides that for the files it names and shifts any other input as a whole.
     """
-    from .formats import export_native, is_native
+    from tracekit.ingest.formats import export_native, is_native
 
     paths = [Path(p) for p in paths]
     offsets = {Path(k): v for k, v in (offsets or {}).items()}
@@ -147,9 +147,8 @@ def ingest(
 
 
 def _ingest_all(con, paths, rank, labels, tmpdir, progress, align, metrics, offsets) -> list[IngestResult]:
+    from tracekit.ingest.formats import check_known
     from tracekit.parsers.json_slice import stage
-
-    from .formats import check_known
 
     readers = detect_readers(paths)
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(raw_size(p) for p in paths))
@@ -229,9 +228,8 @@ def _parse_log(path: Path, reader, progress):
 
 
 def _ingest_trace(con, staged, logs, rank, label, tmpdir, progress, started, align, offset=0, offsets=None):
+    from tracekit.ingest.offsets import measure
     from tracekit.parsers import kineto, runtime_events
-
-    from .offsets import measure
 
     offsets = offsets or {}
     if progress:

@@ -7,7 +7,7 @@ import shutil
 import zlib
 from pathlib import Path
 
-from .errors import InputError
+from tracekit.errors import InputError
 
 TRIED = (
     "Chrome/Kineto trace JSON (object or array)",

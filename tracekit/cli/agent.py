@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from .errors import TracekitError
+from tracekit.errors import TracekitError
 
 
 def register(cli, group_cls, context) -> None:
@@ -29,7 +29,7 @@ def register(cli, group_cls, context) -> None:
         \b
             tracekit tools --format openai > tools.json
         """
-        from .agent.tools import TOOLS, openai_tools, schema_document
+        from tracekit.agent.tools import TOOLS, openai_tools, schema_document
 
         if fmt == "openai":
             doc = openai_tools()
@@ -54,7 +54,7 @@ def register(cli, group_cls, context) -> None:
         \b
             {"mcpServers": {"tracekit": {"command": "tracekit", "args": ["mcp"]}}}
         """
-        from .agent.mcp_server import serve
+        from tracekit.agent.mcp_server import serve
 
         serve()
 
@@ -77,8 +77,8 @@ def register(cli, group_cls, context) -> None:
             tracekit agent run.json.gz --base-url https://api.z.ai/api/paas/v4/ --model glm-4.6 \\
                 --api-key-env ZAI_API_KEY --prompt "Why is decode slow? Propose one experiment."
         """
-        from .agent.loop import run_agent, to_text
-        from .agent.session import Session
+        from tracekit.agent.loop import run_agent, to_text
+        from tracekit.agent.session import Session
 
         if prompt == "-":
             prompt = sys.stdin.read()
@@ -104,7 +104,7 @@ def _client(base_url: str | None, key: str, timeout: float = 120.0):
 
 def emit_feedback(findings, status_doc, budget_tokens, llm, base_url, model, api_key_env) -> None:
     """`tracekit analyze --format feedback`: the feedback document (schemas.json `feedback`) as JSON."""
-    from .feedback import build_feedback, llm_prose
+    from tracekit.findings.feedback import build_feedback, llm_prose
 
     doc = build_feedback([f.as_dict() for f in findings], budget_tokens, status_doc)
     if llm:

@@ -16,7 +16,7 @@ baseline median); at least 0.5% of the baseline finding's window.
 
 from __future__ import annotations
 
-from .findings import SEVERITY_RANK
+from tracekit.findings.model import SEVERITY_RANK
 
 MIN_REL_TOLERANCE = 0.10
 ABS_WINDOW_FLOOR = 0.005
@@ -94,9 +94,9 @@ def diff_with_status(baseline: list, candidate: list, candidate_findings: list[d
                      select=None, overrides=None) -> tuple[dict, dict]:  # fmt: skip
     """(diff document, finding status) from one database holding both sides, as `tracekit diff` builds it:
     the baseline's findings come from the same rules and parameters run on that database."""
-    from . import db
-    from . import diff as diffmod
-    from .analysis import run_rules
+    from tracekit import db
+    from tracekit.compare import diff as diffmod
+    from tracekit.engine.runner import run_rules
 
     for a in accept:
         diffmod.parse_accept(a)  # a bad expression fails before the ingest
@@ -114,9 +114,9 @@ def diff_with_status(baseline: list, candidate: list, candidate_findings: list[d
 
 def baseline_findings(paths: list, select=None, overrides=None) -> list[dict]:
     """Findings of traces analysed on their own (a fresh in-memory database)."""
-    from . import db
-    from .analysis import run_rules
-    from .ingest import ingest
+    from tracekit import db
+    from tracekit.engine.runner import run_rules
+    from tracekit.ingest.pipeline import ingest
 
     con = db.connect(None)
     try:

@@ -23,7 +23,7 @@ import json
 import math
 import re
 
-from .findings import SEVERITY_RANK
+from tracekit.findings.model import SEVERITY_RANK
 
 FEEDBACK_VERSION = "1.0"
 TOKEN_METHOD = "ceil(len(compact JSON) / 4)"
@@ -280,7 +280,7 @@ LLM_SYSTEM = (
 
 def llm_prose(doc: dict, client, model: str) -> dict:
     """Replace each record's prose by the model's, when every number it quotes checks out."""
-    from .agent.fence import SYSTEM_RULE, fence
+    from tracekit.findings.fence import SYSTEM_RULE, fence
 
     records = doc["records"]
     if not records:

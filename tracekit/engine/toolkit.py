@@ -1,12 +1,10 @@
-"""Run rules over a database: context for rules, missing-input checks, helpers rules share."""
+"""What rules share beyond SQL: the runs and their windows, thread names, Python code paths and
+enclosing ops of an event, unit formatting."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-
-from .findings import Finding
-from .rules_api import DataQuality, Rule, all_rules, get_rule
 
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
@@ -104,40 +102,3 @@ def ms(ns) -> str:
 
 def us(ns) -> str:
     return f"{(ns or 0) / 1e3:.0f} us"
-
-
-def missing_inputs(con, rule: Rule) -> list[str]:
-    """Required relations that are absent or empty (e.g. `kernels` in a CPU-only trace)."""
-    missing = []
-    for rel in rule.requires:
-        try:
-            if not con.execute(f"SELECT EXISTS (SELECT 1 FROM {rel})").fetchone()[0]:
-                missing.append(f"{rel} (no rows)")
-        except Exception:
-            missing.append(f"{rel} (absent)")
-    return missing
-
-
-def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | None = None):
-    """Returns (findings, data_quality notes) from the selected rules (all when select is None)."""
-    import duckdb
-
-    rules = [get_rule(k) for k in select] if select else all_rules()
-    ctx = Context(con)
-    findings: list[Finding] = []
-    notes: list[DataQuality] = []
-    for rule in rules:
-        missing = missing_inputs(con, rule)
-        if missing:
-            notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
-            continue
-        values = rule.resolve_params((params or {}).get(rule.code, {}))
-        produced: list = []
-        try:
-            produced.extend(rule.check(con, values, ctx))
-        except duckdb.Error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
-            notes.append(DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}"))
-            continue
-        for item in produced:
-            (notes if isinstance(item, DataQuality) else findings).append(item)
-    return findings, notes

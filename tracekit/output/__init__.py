@@ -1,1 +1,0 @@
-"""Renderers: findings and summaries to text, markdown and JSON."""
