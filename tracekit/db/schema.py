@@ -141,6 +141,23 @@ CREATE TABLE IF NOT EXISTS numerics (
     other_conditions VARCHAR
 );
 
+-- Findings of one analysis (a rule selection and its parameters, `analysis_key`) of the runs of this
+-- database: typed columns for filtering and ranking, and the whole finding record as JSON.
+CREATE TABLE IF NOT EXISTS findings (
+    analysis_key VARCHAR,
+    id VARCHAR,
+    rule VARCHAR,
+    name VARCHAR,
+    severity VARCHAR,
+    confidence DOUBLE,
+    title VARCHAR,
+    run_id INTEGER,
+    rank INTEGER,
+    impact_ns BIGINT,
+    share_of_window DOUBLE,
+    record JSON
+);
+
 -- Run-level quantities a source states itself (a serving benchmark's throughput and latency
 -- percentiles, a server log's totals): one row per (run, metric).
 CREATE TABLE IF NOT EXISTS run_metrics (
@@ -285,7 +302,9 @@ SELECT run_id, launch_id, kernel, grid, block, device, stream, duration_ns, sm_p
 FROM m;
 """
 
-PUBLIC_TABLES = ("runs", "processes", "threads", "streams", "ingest_log", "ncu_metrics", "numerics", "run_metrics")
+PUBLIC_TABLES = (
+    "runs", "processes", "threads", "streams", "ingest_log", "ncu_metrics", "numerics", "run_metrics", "findings",
+)
 PUBLIC_VIEWS = (
     "ncu_launches",
     "events",

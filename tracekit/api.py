@@ -1,0 +1,1 @@
+"""The Python API (placeholder for the pipeline)."""
