@@ -13,3 +13,12 @@ class InputError(TracekitError):
     def __init__(self, path, position, expected):
         self.path, self.position, self.expected = str(path), position, expected
         super().__init__(f"{self.path}: {position}: {expected}")
+
+
+def require_extra(module: str, extra: str, feature: str) -> None:
+    """Fail in one line when an optional dependency of `feature` is not installed, naming the extra
+    that brings it (the base install stays small: plotly, openai and mcp are extras)."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise TracekitError(f"{feature} needs {module}, which is not installed: pip install 'tracekit[{extra}]'")

@@ -9,10 +9,18 @@ from tracekit import __version__
 from tracekit.db.schema import SCHEMA_VERSION, TABLES_DDL, VIEWS_DDL
 
 
+# The oldest DuckDB whose storage format new database files are written in. A file in a newer
+# format cannot be opened by older readers at all ("version number 69, but we can only read versions
+# between 64 and 68"): the duckdb CLI that PyPI serves (duckdb-cli 1.5.x) and duckdb 1.x in a
+# notebook, which pyproject allows. Files keep the format they were created in.
+STORAGE_COMPATIBILITY = "v1.4.0"
+
+
 def connect(path: str | None = None, read_only: bool = False):
     import duckdb  # imported here so that `tracekit --help` stays fast
 
-    con = duckdb.connect(path or ":memory:", read_only=read_only)
+    config = {} if read_only else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+    con = duckdb.connect(path or ":memory:", read_only=read_only, config=config)
     if path is None:
         # an in-memory database spills to disk past its memory limit; keep that out of the cwd
         con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), f"tracekit-duckdb-{os.getpid()}")])
