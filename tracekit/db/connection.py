@@ -8,7 +8,6 @@ import tempfile
 from tracekit import __version__
 from tracekit.db.schema import SCHEMA_VERSION, TABLES_DDL, VIEWS_DDL
 
-
 # The oldest DuckDB whose storage format new database files are written in. A file in a newer
 # format cannot be opened by older readers at all ("version number 69, but we can only read versions
 # between 64 and 68"): the duckdb CLI that PyPI serves (duckdb-cli 1.5.x) and duckdb 1.x in a
