@@ -49,10 +49,6 @@ def next_run_id(con) -> int:
     return con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM runs").fetchone()[0]
 
 
-def has_rows(con, relation: str, where: str = "TRUE") -> bool:
-    return con.execute(f"SELECT EXISTS (SELECT 1 FROM {relation} WHERE {where})").fetchone()[0]
-
-
 def current_memory_hint(con) -> int:
     """Raw bytes already ingested into this database (for the memory cap of a further ingest)."""
     return con.execute("SELECT coalesce(sum(bytes_read), 0) FROM ingest_log").fetchone()[0]
