@@ -147,8 +147,26 @@ def comments_sql() -> str:
 
 @cache
 def install_script(comments: bool = True) -> str:
-    """Every file's SQL in order, then (with `comments`) the comments: what a database needs to hold the stdlib."""
-    return "\n".join(f.sql for f in files()) + ("\n" + comments_sql() if comments else "")
+    """Every file's SQL in order, then (with `comments`) the comments: what a database needs to hold the stdlib.
+
+    Views are created unbound where DuckDB can (`WITH (DEFER_BINDING)`, DuckDB 2): binding the views
+    that expand the busy and step macros costs more than the rest of the schema, and a view is bound
+    when a query first reads it anyway."""
+    sql = "\n".join(f.sql for f in files())
+    if _defer_binding_supported():
+        sql = re.sub(r"(?m)^\) AS$", ") WITH (DEFER_BINDING) AS", sql)
+    return sql + ("\n" + comments_sql() if comments else "")
+
+
+@cache
+def _defer_binding_supported() -> bool:
+    import duckdb
+
+    try:
+        duckdb.connect().execute("CREATE VIEW probe WITH (DEFER_BINDING) AS SELECT 1")
+    except duckdb.Error:
+        return False
+    return True
 
 
 @cache
