@@ -35,6 +35,7 @@ parity: $(VENV)/.installed
 
 docs: $(VENV)/.installed
 	$(BIN)/python scripts/gen_rule_docs.py
+	$(BIN)/python scripts/gen_schema_docs.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

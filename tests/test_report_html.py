@@ -110,17 +110,30 @@ def test_step_breakdown_matches_an_independent_union(eager):
         assert s["idle"] == s["dur_ns"] - s["busy_ns"] and s["host"] == 0
 
 
-def test_cpu_only_run_shows_host_time(loaded):
+def test_cpu_only_run_shows_host_time_of_the_step_thread(loaded):
+    """Without GPU work a step is host time and idle: host = the union of the work nested below the step
+    annotation on its thread (steps.host_ns), not of every thread (two threads overlap here)."""
     con = loaded(sample("cpu_two_threads.json.gz"))
     _, steps = html_report.step_breakdown(con, [1])
-    top = con.execute(
-        "SELECT ts_ns, end_ns FROM events WHERE run_id = 1 AND ph = 'X' AND depth = 0 AND dur_ns > 0 "
-        "AND kind NOT IN ('profiler_span', 'overhead')"
+    pid, tid = con.execute(
+        "SELECT pid, tid FROM events WHERE run_id = 1 AND name LIKE 'ProfilerStep#%' GROUP BY ALL ORDER BY count(*) DESC LIMIT 1"
+    ).fetchone()
+    below = con.execute(
+        "SELECT ts_ns, end_ns FROM events WHERE run_id = 1 AND pid = ? AND tid = ? AND ph = 'X' AND depth > 0 "
+        "AND dur_ns > 0 AND kind NOT IN ('python_function', 'profiler_span', 'overhead') "
+        "AND name NOT LIKE 'ProfilerStep#%'",
+        [pid, tid],
     ).fetchall()
-    assert steps[1]
+    other_threads = con.execute(
+        "SELECT ts_ns, end_ns FROM events WHERE run_id = 1 AND NOT (pid = ? AND tid = ?) AND ph = 'X' AND depth = 0 "
+        "AND dur_ns > 0 AND kind NOT IN ('profiler_span', 'overhead')",
+        [pid, tid],
+    ).fetchall()
+    assert steps[1] and other_threads
     for s in steps[1]:
+        lo, hi = s["ts_ns"], s["ts_ns"] + s["dur_ns"]
         assert s["compute"] == s["communication"] == 0
-        assert s["host"] == _union_within(top, s["ts_ns"], s["ts_ns"] + s["dur_ns"])
+        assert s["host"] == _union_within(below, lo, hi) > 0
         assert s["host"] + s["idle"] == s["dur_ns"]
 
 

@@ -166,19 +166,25 @@ def query(session: Session, sql: str, database: str | None = None, max_rows: int
     return res
 
 
-def describe_schema(session: Session, database: str | None = None) -> dict:
+def describe_schema(session: Session, database: str | None = None, relation: str | None = None) -> dict:
     entry = session.get(database)
+    only = "AND table_name = $relation" if relation else ""
+    params = {"relation": relation} if relation else None
     objs = _sandbox_rows(
         entry,
-        "SELECT table_name AS name, 'table' AS kind, comment FROM duckdb_tables() "
+        "SELECT * FROM (SELECT table_name, 'table' AS kind, comment FROM duckdb_tables() "
         "WHERE database_name = 'trace' AND schema_name = 'main' AND NOT internal "
         "UNION ALL SELECT view_name, 'view', comment FROM duckdb_views() "
-        "WHERE database_name = 'trace' AND schema_name = 'main' AND NOT internal ORDER BY 2, 1",
+        f"WHERE database_name = 'trace' AND schema_name = 'main' AND NOT internal) WHERE true {only} ORDER BY 2, 1",
+        params,
     )
+    if relation and not objs:
+        raise ToolError(f"no table or view {relation!r}", "describe_schema without `relation` lists them")
     cols = _sandbox_rows(
         entry,
         "SELECT table_name, column_name, data_type, comment FROM duckdb_columns() "
-        "WHERE database_name = 'trace' AND schema_name = 'main' ORDER BY table_name, column_index",
+        f"WHERE database_name = 'trace' AND schema_name = 'main' {only} ORDER BY table_name, column_index",
+        params,
         max_rows=5000,
     )
     by_table: dict[str, list] = {}
@@ -189,17 +195,24 @@ def describe_schema(session: Session, database: str | None = None) -> dict:
         by_table.setdefault(c["table_name"], []).append(item)
     relations = []
     for o in objs:
-        item = {"name": o["name"], "kind": o["kind"], "columns": by_table.get(o["name"], [])}
+        item = {"name": o["table_name"], "kind": o["kind"], "columns": by_table.get(o["table_name"], [])}
         if o["comment"]:
             item["comment"] = o["comment"]
         relations.append(item)
-    return {
+    result = {
         "database": entry.handle,
         "relations": relations,
         "units": "times and durations are integer nanoseconds (columns ending in _ns)",
         "docs": "docs/schema.md",
         "truncated": False,
     }
+    if len(encode(result)) > MAX_RESULT_CHARS:
+        # every relation stays listed; the column texts of all of them together do not fit
+        for item in relations:
+            for c in item["columns"]:
+                c.pop("comment", None)
+        result["note"] = "column descriptions left out to fit; describe_schema with `relation` gives one relation's"
+    return result
 
 
 def diff(
@@ -318,8 +331,9 @@ TOOLS: dict[str, Tool] = {
         ),
         Tool(
             "describe_schema",
-            "Tables and views of a trace database with their columns, types and descriptions.",
-            _object({"database": _DB}),
+            "Tables and views of a trace database with their columns, types and descriptions (for all of them "
+            "together the column descriptions do not fit: pass `relation` for one relation's).",
+            _object({"database": _DB, "relation": {"type": "string", "description": "one table or view"}}),
             describe_schema,
         ),
         Tool(

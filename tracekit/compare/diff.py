@@ -86,51 +86,45 @@ def _rows(con, sql: str, params=None) -> list[dict]:
 
 
 def _main_devices(con, run_ids: list[int]) -> dict[int, int | None]:
-    rows = con.execute(
-        "SELECT run_id, arg_max(device, busy) FROM (SELECT run_id, device, sum(dur_ns) AS busy FROM gpu_busy "
-        "GROUP BY ALL) GROUP BY run_id"
-    ).fetchall()
-    found = dict(rows)
+    found = dict(con.execute("SELECT run_id, device FROM main_device").fetchall())
     return {r: found.get(r) for r in run_ids}
 
 
-_STEP_KINDS = "('user_annotation', 'cpu_op')"
-
-
 def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
-    """Which annotation delimits a step: `step` (a name, `#N` suffixes ignored), else ProfilerStep#N,
-    else the most frequent top-level user annotation present in every run; else the whole run."""
+    """Which annotation delimits a step: `step` (a name, `#N` suffixes ignored), else the stdlib's step
+    rule (`step_candidates`: ProfilerStep#N, else the most frequent top-level user annotation) when it
+    picks the same annotation in every run; when the runs' picks differ, the annotation the rule
+    would pick over all runs together, present in every run; else the whole run."""
     all_runs = [r for s in sides.values() for r in s.run_ids]
-    norm = "regexp_replace(name, '#[0-9]+$', '')"
     if step:
         key = re.sub(r"#[0-9]+$", "", step)
-        counts = dict(
-            con.execute(
-                f"SELECT run_id, count(*) FROM events WHERE kind IN {_STEP_KINDS} AND {norm} = ? GROUP BY 1", [key]
-            ).fetchall()
-        )
+        counts = dict(con.execute("SELECT run_id, count(*) FROM step_windows_named(?) GROUP BY 1", [key]).fetchall())
         missing = [r for r in all_runs if not counts.get(r)]
         if missing:
             labels = [_label(con, r) for r in missing]
             raise TracekitError(f"--step {step!r}: no such annotation in {', '.join(labels)}")
         return {"name": key, "source": "--step"}
-    have = dict(
+    picks = dict(
         con.execute(
-            f"SELECT run_id, count(*) FROM events WHERE kind IN {_STEP_KINDS} AND name LIKE 'ProfilerStep#%' GROUP BY 1"
+            "SELECT r.run_id, {'name': c.name, 'source': c.source} FROM runs r "
+            "LEFT JOIN step_candidates c ON c.run_id = r.run_id AND c.choice = 1 WHERE list_contains(?, r.run_id)",
+            [all_runs],
         ).fetchall()
     )
-    if all(have.get(r) for r in all_runs):
-        return {"name": "ProfilerStep", "source": "ProfilerStep#N"}
+    chosen = {(p or {}).get("name") for p in picks.values()}
+    if len(chosen) == 1 and None not in chosen:
+        return {"name": chosen.pop(), "source": next(iter(picks.values()))["source"]}
     row = con.execute(
-        f"""
-        SELECT {norm} AS n, count(*) AS c, count(DISTINCT run_id) AS runs FROM events
-        WHERE kind = 'user_annotation' AND depth = 0 AND run_id IN ({",".join(map(str, all_runs))})
-        GROUP BY 1 HAVING count(DISTINCT run_id) = {len(all_runs)} AND count(*) >= {2 * len(all_runs)}
-        ORDER BY c DESC, n LIMIT 1
         """
+        SELECT name, bool_or(source = 'ProfilerStep#N') AS profiler_step FROM step_candidates
+        WHERE list_contains($runs, run_id) GROUP BY name
+        HAVING count(DISTINCT run_id) = len($runs) AND (profiler_step OR sum(occurrences) >= 2 * len($runs))
+        ORDER BY profiler_step DESC, sum(occurrences) DESC, name LIMIT 1
+        """,
+        {"runs": all_runs},
     ).fetchone()
     if row:
-        return {"name": row[0], "source": "most frequent top-level user annotation"}
+        return {"name": row[0], "source": "ProfilerStep#N" if row[1] else "most frequent top-level user annotation"}
     return {"name": None, "source": "no step annotation: the whole run is one step"}
 
 
@@ -156,17 +150,9 @@ def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
     if step["name"] is None:
         con.execute("INSERT INTO diff_windows SELECT side, run_id, device, 'step', 0, ts_ns, end_ns FROM diff_windows")
     else:
-        # one event per step: a ProfilerStep may be both a user_annotation and a cpu_op in old traces
         con.execute(
-            f"""
-            INSERT INTO diff_windows
-            SELECT s.side, e.run_id, s.device, 'step',
-                   row_number() OVER (PARTITION BY e.run_id ORDER BY e.ts_ns) - 1, e.ts_ns, e.end_ns
-            FROM (SELECT run_id, ts_ns, max(end_ns) AS end_ns FROM events
-                  WHERE kind IN {_STEP_KINDS} AND regexp_replace(name, '#[0-9]+$', '') = ? AND dur_ns > 0
-                  GROUP BY run_id, ts_ns) e
-            JOIN diff_sides s USING (run_id)
-            """,
+            "INSERT INTO diff_windows SELECT s.side, w.run_id, s.device, 'step', w.step_index, w.start_ns, w.end_ns "
+            "FROM step_windows_named(?) w JOIN diff_sides s USING (run_id)",
             [step["name"]],
         )
     # phases: user annotations naming prefill / decode, the outermost ones of each phase per run
@@ -194,22 +180,24 @@ def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
 
 # ------------------------------------------------------------------------------------ measurements
 
+# Per window: its time, GPU busy time (gpu_busy_between: two ASOF lookups) and how many activities overlap
+# it: those starting before its end minus those ending at or before its start, each a count read by ASOF
+# from the activities' ordered starts and ends (no range join of windows against activities).
 WINDOW_SQL = """
-WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp),
-busy AS (
-    SELECT w.run_id, w.idx, sum(least(b.end_ns, w.end_ns) - greatest(b.start_ns, w.ts_ns)) AS busy_ns
-    FROM w JOIN gpu_busy b ON b.run_id = w.run_id AND b.device = w.device
-     AND b.start_ns < w.end_ns AND b.end_ns > w.ts_ns
-    GROUP BY ALL
-), acts AS (
-    SELECT w.run_id, w.idx, count(*) AS activities FROM w JOIN gpu_activities a
-      ON a.run_id = w.run_id AND a.device = w.device AND a.ts_ns < w.end_ns AND a.end_ns > w.ts_ns
-    GROUP BY ALL
-)
-SELECT w.side, w.run_id, w.idx, w.end_ns - w.ts_ns AS dur_ns, coalesce(busy.busy_ns, 0) AS busy_ns,
-       coalesce(acts.activities, 0) AS activities
-FROM w LEFT JOIN busy USING (run_id, idx) LEFT JOIN acts USING (run_id, idx)
-ORDER BY w.side, w.run_id, w.idx
+WITH w AS (SELECT side, run_id, idx, device, ts_ns AS start_ns, end_ns FROM diff_windows WHERE grp = $grp),
+busy AS (SELECT * FROM gpu_busy_between('w', 'all')),
+act AS (SELECT run_id, device, ts_ns, end_ns FROM gpu_activities WHERE run_id IN (SELECT run_id FROM w)),
+starts AS (SELECT run_id, device, ts_ns AS t, count(*) OVER (PARTITION BY run_id, device ORDER BY ts_ns) AS n
+           FROM act QUALIFY row_number() OVER (PARTITION BY run_id, device, ts_ns) = 1),
+ends AS (SELECT run_id, device, end_ns AS t, count(*) OVER (PARTITION BY run_id, device ORDER BY end_ns) AS n
+         FROM act QUALIFY row_number() OVER (PARTITION BY run_id, device, end_ns) = 1),
+started AS (SELECT w.run_id, w.idx, coalesce(s.n, 0) AS n FROM w ASOF LEFT JOIN starts s
+            ON s.run_id = w.run_id AND s.device = w.device AND w.end_ns > s.t),
+ended AS (SELECT w.run_id, w.idx, coalesce(e.n, 0) AS n FROM w ASOF LEFT JOIN ends e
+          ON e.run_id = w.run_id AND e.device = w.device AND w.start_ns >= e.t)
+SELECT b.side, b.run_id, b.idx, b.end_ns - b.start_ns AS dur_ns, b.busy_ns, s.n - e.n AS activities
+FROM busy b JOIN started s USING (run_id, idx) JOIN ended e USING (run_id, idx)
+ORDER BY b.side, b.run_id, b.idx
 """
 
 # Every activity's time clipped to the window, per (kind, name): the additive GPU terms.
@@ -301,25 +289,25 @@ IDLE_CAUSES = {
     "outside": "GPU idle: before the first / after the last GPU activity in the window",
 }
 
-# Device idle gaps (between gpu_busy blocks), clipped to the window. A gap is host-caused when the runtime
-# call that launched the activity ending it returned after the gap began (the GPU waited for the host).
+# Device idle inside the window per cause, from idle_gaps (a gap is host-caused when the call that launched
+# the activity ending it returned after the gap began). The gaps of one cause are disjoint blocks of a lane
+# (device, cause), so busy_between clips them to the windows by two ASOF lookups.
 IDLE_SQL = """
 WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp),
 gaps AS (
-    SELECT run_id, device, end_ns AS gap_start, end_ns + next_gap_ns AS gap_end FROM gpu_busy
-    WHERE next_gap_ns > 0 AND run_id IN (SELECT run_id FROM w)
-), nxt AS (
-    SELECT g.run_id, g.device, g.gap_start, g.gap_end, max(l.launch_ts_ns + l.launch_dur_ns) AS launch_end
-    FROM gaps g JOIN gpu_activities a ON a.run_id = g.run_id AND a.device = g.device AND a.ts_ns = g.gap_end
-    LEFT JOIN launches l ON l.run_id = a.run_id AND l.gpu_event_id = a.event_id
-    GROUP BY ALL
+    SELECT run_id, start_ns, end_ns, dur_ns,
+           {'device': device, 'cause': CASE WHEN cause = 'host' AND dur_ns < $short THEN 'host_launch'
+                                            WHEN cause = 'host' THEN 'host_work' ELSE 'device' END} AS lane
+    FROM idle_gaps WHERE run_id IN (SELECT run_id FROM w)
+), blocks AS (
+    SELECT *, coalesce(sum(dur_ns) OVER (PARTITION BY run_id, lane ORDER BY start_ns
+                                         ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS busy_before_ns
+    FROM gaps
+), lanes AS (
+    SELECT w.side, w.run_id, w.ts_ns AS start_ns, w.end_ns, c.cause, {'device': w.device, 'cause': c.cause} AS lane
+    FROM w, (VALUES ('host_launch'), ('host_work'), ('device')) c(cause)
 )
-SELECT w.side,
-       CASE WHEN n.launch_end > n.gap_start AND n.gap_end - n.gap_start < $short THEN 'host_launch'
-            WHEN n.launch_end > n.gap_start THEN 'host_work' ELSE 'device' END AS cause,
-       sum(least(n.gap_end, w.end_ns) - greatest(n.gap_start, w.ts_ns)) AS ns
-FROM w JOIN nxt n ON n.run_id = w.run_id AND n.device = w.device AND n.gap_start < w.end_ns AND n.gap_end > w.ts_ns
-GROUP BY ALL
+SELECT side, cause, sum(busy_ns) AS ns FROM busy_between('lanes', 'blocks') GROUP BY ALL
 """
 
 

@@ -6,7 +6,8 @@ import os
 import tempfile
 
 from tracekit import __version__
-from tracekit.db.schema import SCHEMA_VERSION, TABLES_DDL, VIEWS_DDL
+from tracekit.db import stdlib
+from tracekit.db.schema import SCHEMA_VERSION
 
 # The oldest DuckDB whose storage format new database files are written in. A file in a newer
 # format cannot be opened by older readers at all ("version number 69, but we can only read versions
@@ -24,7 +25,9 @@ def connect(path: str | None = None, read_only: bool = False):
         # an in-memory database spills to disk past its memory limit; keep that out of the cwd
         con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), f"tracekit-duckdb-{os.getpid()}")])
     if not read_only:
-        ensure_schema(con)
+        # an in-memory database lives as long as this process: its comments would cost more than the
+        # rest of the schema (one catalog change per column) for readers that never look at them
+        ensure_schema(con, comments=path is not None)
     return con
 
 
@@ -36,13 +39,35 @@ def bound_memory(con, input_bytes: int) -> None:
     con.execute("SET memory_limit = ?", [limit])
 
 
-def ensure_schema(con) -> None:
-    con.execute(TABLES_DDL)
-    con.execute(VIEWS_DDL)
+def ensure_schema(con, comments: bool = True) -> None:
+    """Install the stdlib (tables, views, macros and, with `comments`, their COMMENT ON docs) unless
+    this database already holds this version of it: reopening an up-to-date database costs one
+    lookup, not the whole DDL."""
+    digest = _digest(comments)
+    if _installed_digest(con) in (digest, _digest(True)):
+        return
+    con.execute("BEGIN")
+    con.execute(stdlib.install_script(comments))
     con.execute(
-        "INSERT OR REPLACE INTO tracekit_meta VALUES ('schema_version', ?), ('tracekit_version', ?)",
-        [SCHEMA_VERSION, __version__],
+        "INSERT OR REPLACE INTO tracekit_meta VALUES ('schema_version', ?), ('tracekit_version', ?), ('stdlib_digest', ?)",
+        [SCHEMA_VERSION, __version__, digest],
     )
+    con.execute("COMMIT")
+
+
+def _digest(comments: bool) -> str:
+    # the tracekit version is part of it, so that a newer tracekit records itself in tracekit_meta
+    return f"{stdlib.digest()}-{__version__}" + ("" if comments else "-uncommented")
+
+
+def _installed_digest(con) -> str | None:
+    import duckdb
+
+    try:
+        row = con.execute("SELECT value FROM tracekit_meta WHERE key = 'stdlib_digest'").fetchone()
+    except duckdb.CatalogException:
+        return None
+    return row[0] if row else None
 
 
 def next_run_id(con) -> int:

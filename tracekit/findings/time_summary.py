@@ -9,11 +9,6 @@ it stays fast on databases of millions of events.
 
 from __future__ import annotations
 
-from tracekit.db.schema import DEVICE_KINDS
-
-# Host-side kinds whose top-level (depth 0) events make up a thread's CPU time.
-_NOT_THREAD_TIME = ("profiler_span", "overhead", "runtime_event")
-
 GPU_BUSY_SQL = """
 SELECT run_id, device, CAST(sum(dur_ns) AS BIGINT) AS busy_ns, count(*) AS busy_blocks
 FROM gpu_busy GROUP BY run_id, device ORDER BY run_id, device
@@ -69,22 +64,14 @@ ORDER BY g.run_id, busy_ns DESC, g.device, g.stream
 """
 
 # Top-level host events can overlap (a Python frame and a user annotation that straddle each other both sit at
-# depth 0), so a thread's time is the union of its top-level intervals, not their sum.
+# depth 0), so a thread's time is the union of its top-level intervals (interval_union), not their sum. The
+# profiler's span and bookkeeping and runtime-event logs are not CPU time of a thread.
 THREADS_SQL = """
 WITH top AS (
-    SELECT run_id, pid, tid, ts_ns, end_ns FROM events
-    WHERE depth = 0 AND dur_ns > 0 AND kind NOT IN ({excluded})
-), marked AS (
-    SELECT *, CASE WHEN ts_ns <= max(end_ns) OVER (PARTITION BY run_id, pid, tid ORDER BY ts_ns, end_ns
-                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                   THEN 0 ELSE 1 END AS starts_block
-    FROM top
-), blocks AS (
-    SELECT *, sum(starts_block) OVER (PARTITION BY run_id, pid, tid ORDER BY ts_ns, end_ns ROWS UNBOUNDED PRECEDING) AS block
-    FROM marked
+    SELECT run_id, {'pid': pid, 'tid': tid} AS lane, ts_ns, end_ns FROM events
+    WHERE depth = 0 AND dur_ns > 0 AND NOT is_device_kind(kind) AND kind NOT IN ('profiler_span', 'overhead', 'runtime_event')
 ), merged AS (
-    SELECT run_id, pid, tid, count(*) AS events, max(end_ns) - min(ts_ns) AS busy_ns
-    FROM blocks GROUP BY run_id, pid, tid, block
+    SELECT run_id, lane.pid AS pid, lane.tid AS tid, intervals AS events, dur_ns AS busy_ns FROM interval_union('top')
 )
 SELECT m.run_id, m.pid, m.tid, any_value(t.name) AS name, CAST(sum(m.events) AS BIGINT) AS top_level_events,
        CAST(sum(m.busy_ns) AS BIGINT) AS cpu_ns, count(*) OVER (PARTITION BY m.run_id) AS threads
@@ -209,8 +196,7 @@ def top_costs(con, limit: int = 10) -> dict:
             }
         )
 
-    excluded = ", ".join(f"'{k}'" for k in (*DEVICE_KINDS, *_NOT_THREAD_TIME))
-    for t in _rows(con, THREADS_SQL.replace("{excluded}", excluded), {"limit": limit}):
+    for t in _rows(con, THREADS_SQL, {"limit": limit}):
         run = by_run.get(t["run_id"])
         if run is None:
             continue

@@ -118,118 +118,39 @@ class _Page:
 
 # ------------------------------------------------------------------------------------------ step windows
 
-_STEP_KINDS = "('user_annotation', 'cpu_op')"
-
-
-def step_windows(con, run_ids: list[int]) -> dict:
-    """Fill temp table tk_steps(run_id, idx, ts_ns, end_ns, device) the way `tracekit diff` finds steps."""
-    from tracekit.compare.diff import Side, find_steps
-
-    step = find_steps(con, {"all": Side("all", run_ids)}, None) if run_ids else {"name": None, "source": "no runs"}
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE tk_steps (run_id INTEGER, idx INTEGER, ts_ns BIGINT, end_ns BIGINT, device INTEGER)"
-    )
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE tk_main AS SELECT r.run_id, m.device FROM runs r LEFT JOIN ("
-        "SELECT run_id, arg_max(device, busy) AS device FROM (SELECT run_id, device, sum(dur_ns) AS busy "
-        "FROM gpu_busy GROUP BY ALL) GROUP BY run_id) m USING (run_id)"
-    )
-    if step["name"] is None:
-        con.execute(
-            "INSERT INTO tk_steps SELECT r.run_id, 0, r.start_ns, r.end_ns, m.device FROM runs r JOIN tk_main m "
-            "USING (run_id) WHERE r.start_ns IS NOT NULL"
-        )
-    else:
-        # one window per step start: old traces hold a ProfilerStep both as user_annotation and cpu_op
-        con.execute(
-            f"""
-            INSERT INTO tk_steps
-            SELECT e.run_id, row_number() OVER (PARTITION BY e.run_id ORDER BY e.ts_ns) - 1, e.ts_ns, e.end_ns, m.device
-            FROM (SELECT run_id, ts_ns, max(end_ns) AS end_ns FROM events
-                  WHERE kind IN {_STEP_KINDS} AND regexp_replace(name, '#[0-9]+$', '') = ? AND dur_ns > 0
-                  GROUP BY run_id, ts_ns) e
-            JOIN tk_main m USING (run_id)
-            """,
-            [step["name"]],
-        )
-    return step
-
-
-# Busy time in [a, b) from cumulative busy: B(t) = busy_before + (min(t, end) - start) of the last block
-# starting at or before t (ASOF join), so each step costs two lookups instead of an interval join.
-_GPU_STEPS_SQL = """
-WITH s AS (SELECT * FROM tk_steps WHERE device IS NOT NULL),
-b AS (SELECT run_id, device, start_ns, end_ns, busy_before_ns FROM gpu_busy),
-a0 AS (SELECT s.run_id, s.idx, coalesce(b.busy_before_ns + least(s.ts_ns, b.end_ns) - b.start_ns, 0) AS v
-       FROM s ASOF LEFT JOIN b ON s.run_id = b.run_id AND s.device = b.device AND s.ts_ns >= b.start_ns),
-a1 AS (SELECT s.run_id, s.idx, coalesce(b.busy_before_ns + least(s.end_ns, b.end_ns) - b.start_ns, 0) AS v
-       FROM s ASOF LEFT JOIN b ON s.run_id = b.run_id AND s.device = b.device AND s.end_ns >= b.start_ns),
-acts AS (
-    SELECT run_id, device, ts_ns, end_ns, CASE WHEN is_communication THEN 'communication' ELSE 'compute' END AS cat
-    FROM kernels WHERE dur_ns > 0
-    UNION ALL
-    SELECT run_id, device, ts_ns, end_ns, 'memcpy/memset' FROM gpu_activities WHERE kind <> 'kernel' AND dur_ns > 0
-),
-cats AS (
-    SELECT s.run_id, s.idx, a.cat, sum(least(a.end_ns, s.end_ns) - a.ts_ns) AS ns
-    FROM acts a ASOF JOIN s ON a.run_id = s.run_id AND a.device = s.device AND a.ts_ns >= s.ts_ns
-    WHERE a.ts_ns < s.end_ns GROUP BY ALL
-)
-SELECT s.run_id, s.idx, s.ts_ns, s.end_ns - s.ts_ns AS dur_ns, a1.v - a0.v AS busy_ns,
-       coalesce(sum(c.ns) FILTER (WHERE c.cat = 'compute'), 0) AS compute,
-       coalesce(sum(c.ns) FILTER (WHERE c.cat = 'communication'), 0) AS communication,
-       coalesce(sum(c.ns) FILTER (WHERE c.cat = 'memcpy/memset'), 0) AS memcpy
-FROM s JOIN a0 USING (run_id, idx) JOIN a1 USING (run_id, idx) LEFT JOIN cats c USING (run_id, idx)
-GROUP BY ALL ORDER BY s.run_id, s.idx
-"""
-
-# Runs without GPU activity: host busy = union of top-level host events over all threads, per step.
-_HOST_STEPS_SQL = """
-WITH s AS (SELECT * FROM tk_steps WHERE device IS NULL),
-top AS (SELECT run_id, ts_ns, end_ns FROM events
-        WHERE ph = 'X' AND depth = 0 AND dur_ns > 0 AND kind NOT IN ({not_host})
-          AND run_id IN (SELECT run_id FROM s)),
-m AS (SELECT *, CASE WHEN ts_ns <= max(end_ns) OVER (PARTITION BY run_id ORDER BY ts_ns, end_ns
-                     ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS st FROM top),
-n AS (SELECT *, sum(st) OVER (PARTITION BY run_id ORDER BY ts_ns, end_ns ROWS UNBOUNDED PRECEDING) AS blk FROM m),
-blocks AS (SELECT run_id, min(ts_ns) AS start_ns, max(end_ns) AS end_ns FROM n GROUP BY run_id, blk),
-cum AS (SELECT *, coalesce(sum(end_ns - start_ns) OVER (PARTITION BY run_id ORDER BY start_ns
-                 ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_ns FROM blocks),
-a0 AS (SELECT s.run_id, s.idx, coalesce(c.before_ns + least(s.ts_ns, c.end_ns) - c.start_ns, 0) AS v
-       FROM s ASOF LEFT JOIN cum c ON s.run_id = c.run_id AND s.ts_ns >= c.start_ns),
-a1 AS (SELECT s.run_id, s.idx, coalesce(c.before_ns + least(s.end_ns, c.end_ns) - c.start_ns, 0) AS v
-       FROM s ASOF LEFT JOIN cum c ON s.run_id = c.run_id AND s.end_ns >= c.start_ns)
-SELECT s.run_id, s.idx, s.ts_ns, s.end_ns - s.ts_ns AS dur_ns, a1.v - a0.v AS host_ns
-FROM s JOIN a0 USING (run_id, idx) JOIN a1 USING (run_id, idx) ORDER BY s.run_id, s.idx
-"""
-
 BREAKDOWN = ("compute", "communication", "memcpy/memset", "host", "idle")
 
 
 def step_breakdown(con, run_ids: list[int]) -> tuple[dict, dict[int, list[dict]]]:
-    """Per run, per step: ns of compute, communication, memcpy/memset, idle (GPU runs) or host, idle.
-
-    GPU busy time (the union of activities on the run's main device) is exact; streams overlap, so it is
-    split among compute / communication / memcpy in proportion to their activity time in the step.
-    Idle is the rest of the step.
-    """
-    step = step_windows(con, run_ids)
+    """Per run, per step (the `steps` view): ns of compute, exposed communication, memcpy/memset and
+    idle on the run's main GPU, which add up to the step; for a run without GPU work, host time of the
+    step's thread and idle. Also the step annotation and how it was chosen (one name when every run
+    agrees, else the names joined)."""
+    rows = _rows(
+        con,
+        "SELECT run_id, step_index, name, source, start_ns, dur_ns, phase, device, busy_ns, compute_ns, "
+        "comm_exposed_ns, memcpy_ns, idle_ns, host_ns FROM steps WHERE list_contains($runs, run_id) "
+        "ORDER BY run_id, step_index",
+        {"runs": list(run_ids)},
+    )
     out: dict[int, list[dict]] = {}
-    for r in _rows(con, _GPU_STEPS_SQL):
-        busy, dur = max(0, int(r["busy_ns"])), int(r["dur_ns"])
-        acts = {"compute": r["compute"], "communication": r["communication"], "memcpy/memset": r["memcpy"]}
-        total = sum(acts.values())
-        item = {"idx": r["idx"], "ts_ns": r["ts_ns"], "dur_ns": dur, "busy_ns": busy, "host": 0}
-        for k, v in acts.items():
-            item[k] = busy * v / total if total else 0
-        item["idle"] = max(0, dur - busy)
+    for r in rows:
+        item = {"idx": r["step_index"], "name": r["name"], "ts_ns": r["start_ns"], "dur_ns": r["dur_ns"],
+                "phase": r["phase"]}  # fmt: skip
+        if r["device"] is not None:
+            item.update({"busy_ns": r["busy_ns"], "compute": r["compute_ns"], "communication": r["comm_exposed_ns"],
+                         "memcpy/memset": r["memcpy_ns"], "host": 0, "idle": r["idle_ns"]})  # fmt: skip
+        else:
+            host = min(r["host_ns"], r["dur_ns"])
+            item.update({"busy_ns": host, "compute": 0, "communication": 0, "memcpy/memset": 0, "host": host,
+                         "idle": r["dur_ns"] - host})  # fmt: skip
         out.setdefault(r["run_id"], []).append(item)
-    not_host = ", ".join(f"'{k}'" for k in tl._NOT_HOST)
-    for r in _rows(con, _HOST_STEPS_SQL.replace("{not_host}", not_host)):
-        dur, host = int(r["dur_ns"]), max(0, int(r["host_ns"]))
-        item = {"idx": r["idx"], "ts_ns": r["ts_ns"], "dur_ns": dur, "busy_ns": host, "host": host,
-                "compute": 0, "communication": 0, "memcpy/memset": 0, "idle": max(0, dur - host)}  # fmt: skip
-        out.setdefault(r["run_id"], []).append(item)
+    names = sorted({r["name"] or "(whole run)" for r in rows})
+    sources = sorted({r["source"] for r in rows})
+    step = {
+        "name": None if names in ([], ["(whole run)"]) else ", ".join(names),
+        "source": ", ".join(sources) if sources else "no runs",
+    }
     return step, out
 
 
@@ -305,7 +226,12 @@ def _steps_figure(steps: list[dict], label: str, step_name: str | None):
     import plotly.graph_objects as go
 
     bars, size = _bucket(steps, MAX_STEPS)
-    x = [f"{s['idx']}" if s.get("last_idx") in (None, s["idx"]) else f"{s['idx']}-{s['last_idx']}" for s in bars]
+    x = [
+        (f"{s['idx']}" + ("*" if s.get("phase", "steady") != "steady" else ""))
+        if s.get("last_idx") in (None, s["idx"])
+        else f"{s['idx']}-{s['last_idx']}"
+        for s in bars
+    ]
     fig = go.Figure()
     for cat in BREAKDOWN:
         ys = [s[cat] / 1e6 for s in bars]
@@ -575,13 +501,16 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
         page.add("<h2>Time per step</h2>")
         page.add(
             f'<p class="note">Steps: {_e(step["name"] or "(whole run)")} ({_e(step["source"])}). On the main GPU, '
-            "busy time (the union of kernels, memcpys and memsets) is split among compute, communication and "
-            "memcpy/memset in proportion to their activity time; idle is the rest of the step. Runs without GPU "
-            "work show host time (union of top-level host events) and idle.</p>"
+            "compute is the union of non-communication kernels, communication the communication kernels' time "
+            "not overlapped by compute, memcpy/memset the copies not overlapped by any kernel, idle the rest of "
+            "the step: they add up to it. Runs without GPU work show the host time of the step's thread (its "
+            "ops and runtime calls inside the step) and idle. Steps marked * are not steady (warm-up, CUDA-graph "
+            "capture, profiler bookkeeping).</p>"
         )
         for r in drawn:
             if steps.get(r["run_id"]):
-                page.figure(_steps_figure(steps[r["run_id"]], _run_name(r), step["name"]), "steps")
+                run_steps = steps[r["run_id"]]
+                page.figure(_steps_figure(run_steps, _run_name(r), run_steps[0]["name"]), "steps")
         if len([r for r in runs if steps.get(r["run_id"])]) > 1:
             page.add("<h2>Per-rank comparison</h2>")
             page.figure(_ranks_figure([r for r in runs if steps.get(r["run_id"])], steps), "ranks")

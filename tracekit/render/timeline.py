@@ -12,11 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tracekit.db.schema import DEVICE_KINDS
-
-# Host kinds that are not work on a thread: the profiler's own span and bookkeeping.
-_NOT_HOST = (*DEVICE_KINDS, "profiler_span", "overhead")
-
 CATEGORIES = ("compute", "communication", "memcpy/memset", "runtime", "host")
 
 _BLOCKS_SQL = """
@@ -30,7 +25,9 @@ WITH src AS (
     UNION ALL
     SELECT 1, coalesce(track, pid::VARCHAR || '/' || tid::VARCHAR), ts_ns, end_ns, name,
            CASE WHEN kind IN ('cuda_runtime', 'cuda_driver') THEN 'runtime' ELSE 'host' END
-    FROM events WHERE run_id = $run AND ph = 'X' AND depth = 0 AND dur_ns > 0 AND kind NOT IN ({not_host})
+    FROM events WHERE run_id = $run AND ph = 'X' AND depth = 0 AND dur_ns > 0
+      -- the profiler's own span and bookkeeping are not work on a thread
+      AND NOT is_device_kind(kind) AND kind NOT IN ('profiler_span', 'overhead')
       AND ts_ns < $hi AND end_ns > $lo
 ), clipped AS (
     SELECT grp, lane, greatest(ts_ns, $lo) AS ts, least(end_ns, $hi) AS e, name, cat FROM src
@@ -94,7 +91,7 @@ def build(con, run_id: int, lo_ns: int, hi_ns: int, max_blocks: int = 10_000, pi
     """The lanes of one run between lo_ns and hi_ns, merged to at most max_blocks blocks in all."""
     span = max(1, int(hi_ns) - int(lo_ns))
     gap = max(0, span // max(1, pixels))
-    sql = _BLOCKS_SQL.replace("{not_host}", ", ".join(f"'{k}'" for k in _NOT_HOST))
+    sql = _BLOCKS_SQL
     while True:
         rows = con.execute(sql, {"run": run_id, "lo": int(lo_ns), "hi": int(hi_ns), "gap": gap}).fetchall()
         lanes = _lanes(con, run_id, rows)

@@ -1,0 +1,296 @@
+-- Tables: what the readers write. One run is one profiled input (a trace file, with the runtime-event
+-- logs given with it); every table carries its run_id.
+
+-- Key/value facts about the database itself: `schema_version` (this document's version),
+-- `tracekit_version` (the tracekit that last opened it for writing) and `stdlib_digest` (which
+-- stdlib of views is installed, so that opening an up-to-date database re-creates nothing).
+CREATE TABLE IF NOT EXISTS tracekit_meta (
+    -- name of the fact
+    key VARCHAR PRIMARY KEY,
+    -- its value, as text
+    value VARCHAR
+);
+
+-- One row per ingested file: the run and its analysed window.
+CREATE TABLE IF NOT EXISTS runs (
+    -- 1, 2, ... in ingest order
+    run_id INTEGER PRIMARY KEY,
+    -- path of the input file
+    source VARCHAR,
+    -- `kineto`, `chrome_json` (Chrome trace JSON from another producer), `nsys_sqlite` (Nsight Systems
+    -- SQLite export), `nsys_stats_csv` (`nsys stats` trace report), `ncu_csv`, `numerics_report`,
+    -- `serving_log`, `otlp_json`, `bench_serving`, `perfetto_proto` (Perfetto protobuf trace), or
+    -- `runtime_events` for a runtime-event log with no trace to join
+    format VARCHAR,
+    -- `--label`, else the file name without `.json(.gz)` (`.jsonl(.gz)`)
+    label VARCHAR,
+    -- `distributedInfo.rank`, else `rank<N>` in the file name, else `--rank`; NULL if none
+    rank INTEGER,
+    -- `distributedInfo.world_size`
+    world_size INTEGER,
+    -- where rank came from: `distributedInfo`, `file name` or `--rank`
+    rank_source VARCHAR,
+    -- Kineto `deviceProperties` (NULL when the trace has none)
+    device_properties JSON,
+    -- every other top-level key of the trace (schemaVersion, distributedInfo, cupti_version, traceName, ...)
+    metadata JSON,
+    -- `baseTimeNanoseconds` of the trace
+    base_time_ns BIGINT,
+    -- first start over non-metadata events: the start of the analysed window
+    start_ns BIGINT,
+    -- last end over non-metadata events: the end of the analysed window (a trace's window is the
+    -- profiler's: runtime events attached to it do not widen it)
+    end_ns BIGINT
+);
+
+-- Processes, from `process_name` / `process_labels` / `process_sort_index` metadata.
+CREATE TABLE IF NOT EXISTS processes (
+    -- the run
+    run_id INTEGER,
+    -- process id as written
+    pid BIGINT,
+    -- `process_name`
+    name VARCHAR,
+    -- `process_labels`
+    labels VARCHAR,
+    -- `process_sort_index`
+    sort_index BIGINT
+);
+
+-- Host threads: every (pid, tid) that has host events, with its `thread_name` (when a thread is
+-- named twice, the specific name wins over `(python)`).
+CREATE TABLE IF NOT EXISTS threads (
+    -- the run
+    run_id INTEGER,
+    -- process id
+    pid BIGINT,
+    -- thread id
+    tid BIGINT,
+    -- `thread_name` (NULL when the trace names none)
+    name VARCHAR,
+    -- `thread_sort_index`
+    sort_index BIGINT
+);
+
+-- Every GPU (device, stream) with device activity.
+CREATE TABLE IF NOT EXISTS streams (
+    -- the run
+    run_id INTEGER,
+    -- GPU index
+    device INTEGER,
+    -- stream id
+    stream BIGINT,
+    -- the stream's track name as written (e.g. `stream 7`), NULL when unnamed
+    name VARCHAR
+);
+
+-- Reconciliation, one row per file read: what was read, ingested and skipped, and why.
+-- `events_read = events_ingested + events_skipped` always.
+--
+-- A runtime-event log has its own row, with the `run_id` of the run it joined and format
+-- `runtime_events`. `events_read` counts its non-blank lines; skip reasons are `malformed JSON`,
+-- `not a JSON object`, `missing ts_ns`, `missing name`, `ts_ns not an integer`, `name not a string`,
+-- `dur_ns not an integer`, `negative dur_ns`, `pid not an integer`, `tid not an integer`,
+-- `thread not a string`. `notes` holds `clock`, `run` (which run it joined), `blank_lines`, `empty` /
+-- `no_valid_lines` when nothing was ingested, and `alignment` (see Runtime-event logs).
+CREATE TABLE IF NOT EXISTS ingest_log (
+    -- the run the file went into
+    run_id INTEGER,
+    -- path of the file
+    source VARCHAR,
+    -- the format it was read as (see `runs.format`)
+    format VARCHAR,
+    -- raw bytes read, after decompression
+    bytes_read BIGINT,
+    -- events (lines, rows, packets: the format's unit) read
+    events_read BIGINT,
+    -- of those, the ones ingested
+    events_ingested BIGINT,
+    -- of those, the ones skipped
+    events_skipped BIGINT,
+    -- JSON object reason -> count: `missing ph`, `missing ts`, `complete event without dur`,
+    -- `negative dur`, `not a JSON object`, and the format-specific reasons below
+    skipped_reasons JSON,
+    -- JSON: the clock used, event keys outside the Trace Event Format kept in `events.extra`, and
+    -- the format-specific notes below
+    notes JSON,
+    -- wall-clock seconds the read took
+    seconds DOUBLE
+);
+
+-- @internal
+-- One row per trace event, in file order within a run: the storage behind the `events` view (same
+-- columns, without `event_id` and `end_ns`). Query the views.
+CREATE TABLE IF NOT EXISTS event_rows (
+    -- the run
+    run_id INTEGER,
+    -- normalized kind (see `events.kind`)
+    kind VARCHAR,
+    -- phase as written
+    ph VARCHAR,
+    -- category as written
+    cat VARCHAR,
+    -- event name
+    name VARCHAR,
+    -- start
+    ts_ns BIGINT,
+    -- duration (NULL for instants)
+    dur_ns BIGINT,
+    -- process (for GPU work: the device)
+    pid BIGINT,
+    -- thread (for GPU work: the stream)
+    tid BIGINT,
+    -- `pid/tid` as written when either is not a number
+    track VARCHAR,
+    -- GPU index of GPU kinds
+    device INTEGER,
+    -- stream of GPU kinds
+    stream BIGINT,
+    -- CUPTI correlation id
+    correlation BIGINT,
+    -- PyTorch op id (`External id`)
+    external_id BIGINT,
+    -- id of a flow event
+    flow_id VARCHAR,
+    -- the event's args, lossless
+    args JSON USING COMPRESSION zstd,  -- JSON text: zstd writes faster and smaller than the default FSST
+    -- top-level event keys outside the Trace Event Format
+    extra JSON,
+    -- enclosing complete event on the same track
+    parent_id BIGINT,
+    -- nesting depth on the track (0 = root)
+    depth INTEGER
+);
+
+-- Nsight Compute CSV, one row per (launch, metric). From `ncu --csv` output, either layout:
+-- `--page details` / `--metrics` (long: one row per metric) or `--page raw` (wide: one column per
+-- metric, with its units row). Profiler chatter lines (`==PROF==`, `==WARNING==`) are not data.
+-- `ingest_log` counts metric rows read, ingested and skipped.
+CREATE TABLE IF NOT EXISTS ncu_metrics (
+    -- the run
+    run_id INTEGER,
+    -- ncu's `ID` of the profiled launch
+    launch_id INTEGER,
+    -- profiled process id
+    pid BIGINT,
+    -- profiled process name
+    process VARCHAR,
+    -- host name
+    host VARCHAR,
+    -- kernel name
+    kernel VARCHAR,
+    -- CUDA context
+    context INTEGER,
+    -- stream id
+    stream BIGINT,
+    -- block size as written, e.g. `(128, 1, 1)`
+    block VARCHAR,
+    -- grid size as written, e.g. `(128, 1, 1)`
+    grid VARCHAR,
+    -- GPU index
+    device INTEGER,
+    -- compute capability
+    cc VARCHAR,
+    -- report section
+    section VARCHAR,
+    -- metric name
+    metric VARCHAR,
+    -- metric unit as written
+    unit VARCHAR,
+    -- value as written, locale separators included
+    value_text VARCHAR,
+    -- value as a number (NULL when not a number)
+    value DOUBLE,
+    -- rule name (recent ncu versions)
+    rule_name VARCHAR,
+    -- rule type (recent ncu versions)
+    rule_type VARCHAR,
+    -- rule description (recent ncu versions)
+    rule_description VARCHAR,
+    -- estimated speedup type (recent ncu versions)
+    speedup_type VARCHAR,
+    -- estimated speedup (recent ncu versions)
+    speedup VARCHAR
+);
+
+-- Numerics (correctness) reports, one row per (check row, error metric). From a report with one
+-- row per check (`tracekit.numerics.compare` / `write_report` make them): CSV, JSON (an array of
+-- objects), JSON Lines or Parquet, each a run of its own (format `numerics_report`). Error metrics
+-- are the columns whose name contains `err` (case-insensitive); every other column is a condition.
+-- Typed copies of well-known conditions take the first matching column name, case-insensitive.
+--
+-- ```sql
+-- -- Error growth with sequence length per precision
+-- SELECT metric, precision, variant, regr_slope(ln(value), ln(seq_len)) AS exponent, max(value)
+-- FROM numerics WHERE value > 0 GROUP BY ALL ORDER BY metric, precision;
+-- ```
+CREATE TABLE IF NOT EXISTS numerics (
+    -- the run
+    run_id INTEGER,
+    -- 0-based row of the check in the file
+    row_index INTEGER,
+    -- the error column's name
+    metric VARCHAR,
+    -- the error; rows whose error is not a number are skipped and counted in `ingest_log`
+    value DOUBLE,
+    -- JSON object of every condition column, as written
+    conditions JSON,
+    -- `precision`, `input_precision`, `dot_precision`, `fp32_precision` (lower-cased text)
+    precision VARCHAR,
+    -- `dtype`, `input_dtype`, `data_type` (lower-cased)
+    dtype VARCHAR,
+    -- `variant`, `impl`, `implementation`, `path`, `method` (lower-cased)
+    variant VARCHAR,
+    -- `seq_len`, `seqlen`, `seq_length`, `length`, `len`, `n`, `t`, `num_tokens`
+    seq_len BIGINT,
+    -- `partitions`, `num_partitions`, `n_partitions`, `parts`, `cp`, `cp_size`
+    partitions INTEGER,
+    -- the conditions without a typed copy, as JSON text with sorted keys: group or join on it
+    -- together with the typed columns to compare like with like
+    other_conditions VARCHAR
+);
+
+-- The stored findings of an analysis, one row per finding. Written by `Trace.findings()` and
+-- `tracekit analyze --db`; findings of different rule selections never mix.
+CREATE TABLE IF NOT EXISTS findings (
+    -- names the analysis: the rule selection and parameter overrides, hashed
+    analysis_key VARCHAR,
+    -- finding id, stable across runs (see the finding record)
+    id VARCHAR,
+    -- rule code
+    rule VARCHAR,
+    -- rule name
+    name VARCHAR,
+    -- `critical`, `warning` or `info`
+    severity VARCHAR,
+    -- 0..1
+    confidence DOUBLE,
+    -- one-line title
+    title VARCHAR,
+    -- the run the finding is about
+    run_id INTEGER,
+    -- the run's rank
+    rank INTEGER,
+    -- the finding's impact
+    impact_ns BIGINT,
+    -- impact over the analysed window
+    share_of_window DOUBLE,
+    -- the whole finding record as JSON
+    record JSON
+);
+
+-- Run-level quantities a source states itself, one row per (run, metric): filled by readers of
+-- end-to-end results (serving benchmark JSON) and logs that print totals; it holds numbers the
+-- source computed, not numbers tracekit derived.
+CREATE TABLE IF NOT EXISTS run_metrics (
+    -- the run
+    run_id INTEGER,
+    -- e.g. `request_throughput`, `ttft_p99`
+    name VARCHAR,
+    -- the quantity
+    value DOUBLE,
+    -- `req/s`, `tok/s`, `ms`, `count`...
+    unit VARCHAR,
+    -- JSON: where the value came from, e.g. the benchmark's own key
+    args JSON
+);

@@ -1,0 +1,181 @@
+-- GPU idle time and the host calls that cause it: every gap between busy blocks of a device with
+-- the launch that ended it, and every blocking host call with the idle it is charged.
+
+-- A gap not caused by the host and shorter than this is the fixed latency between queued
+-- back-to-back kernels (HTA's "kernel wait"; measured 0.4-3 us on V100/A100/H200 traces).
+CREATE OR REPLACE MACRO idle_kernel_wait_ns() AS 5000;
+
+-- One row per idle gap of a device: the time between two consecutive blocks of `gpu_busy` (the
+-- time before the first and after the last block of a run is not a gap), with the launch that
+-- ended it and its cause, as G001 gpu-idle classifies a gap:
+--
+-- - `host`: the runtime call that launched the activity starting the next block returned after
+--   the gap began: the GPU waited for the host to enqueue work;
+-- - `kernel_wait`: not host-caused and shorter than `idle_kernel_wait_ns()`;
+-- - `other`: the rest (work queued before the gap, an activity without a launch record).
+--
+-- G001's fourth cause, `other_gpu` (other streams busy during a stream's gap), does not occur here:
+-- a device gap has no stream of the device busy. When several activities start the next block, the
+-- one whose launch returned last ended the gap.
+--
+-- Cost: `gpu_busy`, an equality join of the gaps' ends with the activities, `first_launches`, and
+-- an ASOF lookup of the step (`step_windows`).
+CREATE OR REPLACE VIEW idle_gaps(
+    -- the run
+    run_id,
+    -- GPU index
+    device,
+    -- gap start: the end of a busy block
+    start_ns,
+    -- gap end: the start of the next busy block
+    end_ns,
+    -- end_ns - start_ns
+    dur_ns,
+    -- `host`, `kernel_wait` or `other` (see above)
+    cause,
+    -- the GPU activity that ended the gap (starts the next block)
+    next_event_id,
+    -- its kind
+    next_kind,
+    -- its name
+    next_name,
+    -- the runtime call that launched it (its first launch); NULL without a launch record
+    runtime_event_id,
+    -- that call's name (`cudaLaunchKernel`, `cudaGraphLaunch`, ...)
+    runtime_name,
+    -- when that call started
+    launch_ts_ns,
+    -- when that call returned
+    launch_end_ns,
+    -- the thread that made the call
+    launch_tid,
+    -- the step (`step_windows.step_index`) the gap starts in; NULL between steps
+    step_index
+) AS
+WITH gaps AS (
+    SELECT run_id, device, end_ns AS start_ns, end_ns + next_gap_ns AS end_ns, next_gap_ns AS dur_ns
+    FROM gpu_busy WHERE next_gap_ns > 0
+), ended AS (
+    SELECT g.run_id, g.device, g.start_ns, g.end_ns, g.dur_ns,
+           first(a.event_id ORDER BY l.launch_end_ns DESC NULLS LAST, a.event_id) AS next_event_id,
+           first(a.kind ORDER BY l.launch_end_ns DESC NULLS LAST, a.event_id) AS next_kind,
+           first(a.name ORDER BY l.launch_end_ns DESC NULLS LAST, a.event_id) AS next_name,
+           first(l.runtime_event_id ORDER BY l.launch_end_ns DESC NULLS LAST, a.event_id) AS runtime_event_id,
+           first(l.runtime_name ORDER BY l.launch_end_ns DESC NULLS LAST, a.event_id) AS runtime_name,
+           first(l.launch_ts_ns ORDER BY l.launch_end_ns DESC NULLS LAST, a.event_id) AS launch_ts_ns,
+           max(l.launch_end_ns) AS launch_end_ns,
+           first(l.tid ORDER BY l.launch_end_ns DESC NULLS LAST, a.event_id) AS launch_tid
+    FROM gaps g
+    JOIN gpu_activities a ON a.run_id = g.run_id AND a.device = g.device AND a.ts_ns = g.end_ns
+    LEFT JOIN first_launches l ON l.run_id = a.run_id AND l.gpu_event_id = a.event_id
+    GROUP BY g.run_id, g.device, g.start_ns, g.end_ns, g.dur_ns
+)
+SELECT e.run_id, e.device, e.start_ns, e.end_ns, e.dur_ns,
+       CASE WHEN e.launch_end_ns > e.start_ns THEN 'host'
+            WHEN e.dur_ns < idle_kernel_wait_ns() THEN 'kernel_wait'
+            ELSE 'other' END,
+       e.next_event_id, e.next_kind, e.next_name, e.runtime_event_id, e.runtime_name, e.launch_ts_ns, e.launch_end_ns,
+       e.launch_tid, CASE WHEN e.start_ns < s.end_ns THEN s.step_index END
+FROM ended e ASOF LEFT JOIN step_windows s ON e.run_id = s.run_id AND e.start_ns >= s.start_ns;
+
+-- Synchronous host-to-device copies up to this many bytes are not blocking calls (as nsys exempts
+-- them): the driver stages them through a pinned buffer and returns at once.
+CREATE OR REPLACE MACRO host_blocking_small_htod_bytes() AS 65536;
+
+-- One row per blocking host call: a call that holds the launching thread until the GPU catches up:
+-- `cudaDeviceSynchronize`, `cudaStreamSynchronize`, `cudaEventSynchronize` and their `cu*`, `hip*` and
+-- `aclrt*` forms (`sync`); a synchronous `cudaMemcpy`/`hipMemcpy`/`aclrtMemcpy` (`sync memcpy`; not
+-- device-to-device copies, nor host-to-device ones up to `host_blocking_small_htod_bytes()`); a
+-- synchronous memset (`sync memset`); an async copy whose device side touched pageable host memory,
+-- which the driver turns synchronous (`pageable async memcpy`).
+--
+-- The GPU idle it is charged: every idle gap of the run's main device is charged ONCE, to one call,
+-- so sums over calls never count a gap twice. The candidates are the blocking calls that return
+-- inside the gap. The gap goes to the call that was waiting when the GPU drained (started at or
+-- before the gap start), the earliest to return among them; when none was waiting, to the call that
+-- overlaps the gap longest. The charge is the idle from that call's return to the gap's end (the GPU
+-- has nothing to do until the host enqueues again); every other call is charged 0, as is a call that
+-- returns while the device is busy, before its first or after its last block.
+CREATE OR REPLACE VIEW host_blocking(
+    -- the run
+    run_id,
+    -- the runtime call
+    event_id,
+    -- its name
+    call,
+    -- `sync`, `sync memcpy`, `sync memset` or `pageable async memcpy` (see above)
+    blocking,
+    -- process
+    pid,
+    -- thread
+    tid,
+    -- start of the call
+    ts_ns,
+    -- how long the thread was blocked in it
+    dur_ns,
+    -- when it returned
+    end_ns,
+    -- the event directly enclosing the call (e.g. `aten::_local_scalar_dense` for `tensor.item()`)
+    parent_id,
+    -- that event's name, `(top level)` when the call has none: the call site
+    site,
+    -- the copy or memset it issued (`Memcpy DtoH (Device -> Pageable)`), if any
+    copy_name,
+    -- bytes of that copy or memset
+    bytes,
+    -- the run's main device, whose gaps are charged (NULL when the call returns before its first gap)
+    device,
+    -- start of the main device's idle gap the call returned in; NULL when it returned while the
+    -- device was busy (or outside its first and last block)
+    gap_start_ns,
+    -- end of that gap
+    gap_end_ns,
+    -- GPU idle charged to this call (see above): gap_end_ns - end_ns for the one call a gap is
+    -- charged to, else 0
+    charged_idle_ns
+) AS
+WITH copies AS (
+    SELECT l.run_id, l.runtime_event_id, first(l.gpu_name ORDER BY l.gpu_event_id) AS copy_name,
+           first(g.bytes ORDER BY l.gpu_event_id) AS bytes
+    FROM launches l JOIN gpu_activities g ON g.event_id = l.gpu_event_id
+    WHERE l.gpu_kind IN ('gpu_memcpy', 'gpu_memset')
+    GROUP BY l.run_id, l.runtime_event_id
+), classified AS (
+    SELECT r.run_id, r.event_id, r.name AS call, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
+           c.copy_name, c.bytes,
+           CASE
+             WHEN r.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventSynchronize',
+                             'cuCtxSynchronize', 'cuStreamSynchronize', 'cuEventSynchronize',
+                             'hipDeviceSynchronize', 'hipStreamSynchronize', 'hipEventSynchronize',
+                             'aclrtSynchronizeDevice', 'aclrtSynchronizeStream', 'aclrtSynchronizeStreamWithTimeout',
+                             'aclrtSynchronizeEvent') THEN 'sync'
+             WHEN regexp_matches(r.name, '^(cuda|hip|aclrt)Memcpy') AND NOT contains(r.name, 'Async')
+                  AND NOT (contains(coalesce(c.copy_name, ''), 'HtoD')
+                           AND coalesce(c.bytes, 0) <= host_blocking_small_htod_bytes())
+                  AND NOT contains(coalesce(c.copy_name, ''), 'DtoD') THEN 'sync memcpy'
+             WHEN regexp_matches(r.name, '^(cuda|hip|aclrt)Memset') AND NOT contains(r.name, 'Async') THEN 'sync memset'
+             WHEN contains(r.name, 'Async') AND contains(coalesce(c.copy_name, ''), 'Pageable') THEN 'pageable async memcpy'
+           END AS blocking
+    FROM runtime_calls r LEFT JOIN copies c ON c.run_id = r.run_id AND c.runtime_event_id = r.event_id
+), main_gaps AS (
+    SELECT b.run_id, b.device, b.end_ns AS gap_start, b.end_ns + b.next_gap_ns AS gap_end
+    FROM gpu_busy b JOIN main_device m ON m.run_id = b.run_id AND m.device = b.device
+    WHERE b.next_gap_ns > 0
+), placed AS (
+    SELECT c.*, g.device,
+           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_start END AS gap_start_ns,
+           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_end END AS gap_end_ns
+    FROM (SELECT * FROM classified WHERE blocking IS NOT NULL) c
+    ASOF LEFT JOIN main_gaps g ON c.run_id = g.run_id AND c.end_ns > g.gap_start
+), ranked AS (
+    SELECT *,
+           row_number() OVER (PARTITION BY run_id, gap_start_ns
+                              ORDER BY ts_ns <= gap_start_ns DESC,
+                                       CASE WHEN ts_ns <= gap_start_ns THEN end_ns END,
+                                       end_ns - greatest(ts_ns, gap_start_ns) DESC, event_id) AS gap_rank
+    FROM placed
+)
+SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
+       coalesce(p.name, '(top level)'), r.copy_name, r.bytes, r.device, r.gap_start_ns, r.gap_end_ns,
+       CASE WHEN r.gap_start_ns IS NOT NULL AND r.gap_rank = 1 THEN r.gap_end_ns - r.end_ns ELSE 0 END
+FROM ranked r LEFT JOIN events p ON p.event_id = r.parent_id;

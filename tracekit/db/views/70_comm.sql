@@ -1,0 +1,107 @@
+-- Communication: every collective of every rank, with what it moved and on which process group.
+
+-- Bytes per element of a dtype as traces name it (`Float`, `BFloat16`, `c10::Half`, `float8_e4m3fn`,
+-- `int64`, ...); NULL when unknown.
+CREATE OR REPLACE MACRO dtype_bytes(dtype) AS
+    CASE WHEN starts_with(lower(replace(dtype, 'c10::', '')), 'float8') THEN 1
+         ELSE CASE lower(replace(dtype, 'c10::', ''))
+              WHEN 'float' THEN 4 WHEN 'float32' THEN 4 WHEN 'double' THEN 8 WHEN 'float64' THEN 8
+              WHEN 'half' THEN 2 WHEN 'float16' THEN 2 WHEN 'bfloat16' THEN 2
+              WHEN 'int' THEN 4 WHEN 'int32' THEN 4 WHEN 'long' THEN 8 WHEN 'int64' THEN 8
+              WHEN 'short' THEN 2 WHEN 'int16' THEN 2 WHEN 'char' THEN 1 WHEN 'int8' THEN 1
+              WHEN 'byte' THEN 1 WHEN 'uint8' THEN 1 WHEN 'bool' THEN 1
+              WHEN 'complexfloat' THEN 8 WHEN 'complexdouble' THEN 16 END END;
+
+-- One row per collective per rank: every communication kernel (`kernels.is_communication`) with
+-- the `record_param_comms` op that issued it (same `External id`), and every `record_param_comms`
+-- op that launched no communication kernel (a `wait`, a CPU-side collective). The collective's
+-- parameters come from the kernel's args (newer Kineto copies them there), else the op's; a kernel
+-- without either names its collective through its NCCL name (`ncclDevKernel_AllReduce_...` ->
+-- `allreduce`). `seq` numbers the collectives of a process group in time order, so the n-th of a
+-- group on one rank is the n-th on every other rank.
+CREATE OR REPLACE VIEW collectives(
+    -- the run
+    run_id,
+    -- the run's rank (`runs.rank`)
+    rank,
+    -- the run's world size (`runs.world_size`)
+    world_size,
+    -- `Collective name` (`allreduce`, `allgather`, `reduce_scatter`, `broadcast`, `wait`, ...)
+    collective,
+    -- `Process Group Name` (`0` for the default group); '' when the trace does not say
+    process_group,
+    -- `Process Group Description` (`default_pg`, ...)
+    process_group_desc,
+    -- `Process Group Ranks` as written (`[0, 1]`)
+    group_ranks,
+    -- `Group size`
+    group_size,
+    -- `dtype` of the message
+    dtype,
+    -- `In msg nelems`: elements this rank sends in
+    in_nelems,
+    -- `Out msg nelems`: elements it gets out
+    out_nelems,
+    -- input message size in bytes: in_nelems times the dtype's size (`dtype_bytes`)
+    bytes,
+    -- the communication kernel; NULL for an op without one
+    kernel_event_id,
+    -- its name
+    kernel_name,
+    -- its GPU
+    device,
+    -- its stream
+    stream,
+    -- its start on the GPU
+    gpu_ts_ns,
+    -- its end on the GPU
+    gpu_end_ns,
+    -- its duration on the GPU
+    gpu_dur_ns,
+    -- the `record_param_comms` op; NULL for a kernel without one
+    op_event_id,
+    -- the op's start on the host
+    op_ts_ns,
+    -- the op's end on the host
+    op_end_ns,
+    -- the op's process
+    pid,
+    -- the op's thread
+    tid,
+    -- 1, 2, ... per (run, process_group) in time order (GPU start, else host start)
+    seq
+) AS
+WITH ops AS (
+    SELECT run_id, event_id, external_id, ts_ns, end_ns, pid, tid, args
+    FROM cpu_ops WHERE name = 'record_param_comms'
+), comm AS (
+    SELECT run_id, event_id, external_id, name, device, stream, ts_ns, end_ns, dur_ns, args
+    FROM kernels WHERE is_communication AND dur_ns IS NOT NULL
+), paired AS (
+    SELECT k.run_id, k.event_id AS kernel_event_id, k.name AS kernel_name, k.device, k.stream, k.ts_ns AS gpu_ts_ns,
+           k.end_ns AS gpu_end_ns, k.dur_ns AS gpu_dur_ns, o.event_id AS op_event_id, o.ts_ns AS op_ts_ns,
+           o.end_ns AS op_end_ns, o.pid, o.tid, k.args AS kernel_args, o.args AS op_args
+    FROM comm k LEFT JOIN ops o ON o.run_id = k.run_id AND o.external_id = k.external_id
+    UNION ALL
+    SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, o.event_id, o.ts_ns, o.end_ns, o.pid, o.tid, NULL, o.args
+    FROM ops o
+    WHERE NOT EXISTS (SELECT 1 FROM comm k WHERE k.run_id = o.run_id AND k.external_id = o.external_id)
+), described AS (
+    SELECT p.*,
+           coalesce(kernel_args->>'Collective name', op_args->>'Collective name',
+                    nullif(lower(regexp_extract(kernel_name, '^nccl(?:Dev)?Kernel_([A-Za-z]+)', 1)), '')) AS collective,
+           coalesce(kernel_args->>'Process Group Name', op_args->>'Process Group Name', '') AS process_group,
+           coalesce(kernel_args->>'Process Group Description', op_args->>'Process Group Description') AS process_group_desc,
+           coalesce(kernel_args->>'Process Group Ranks', op_args->>'Process Group Ranks') AS group_ranks,
+           TRY_CAST(coalesce(kernel_args->>'Group size', op_args->>'Group size') AS INTEGER) AS group_size,
+           coalesce(kernel_args->>'dtype', op_args->>'dtype') AS dtype,
+           TRY_CAST(coalesce(kernel_args->>'In msg nelems', op_args->>'In msg nelems') AS BIGINT) AS in_nelems,
+           TRY_CAST(coalesce(kernel_args->>'Out msg nelems', op_args->>'Out msg nelems') AS BIGINT) AS out_nelems
+    FROM paired p
+)
+SELECT d.run_id, r.rank, r.world_size, d.collective, d.process_group, d.process_group_desc, d.group_ranks, d.group_size,
+       d.dtype, d.in_nelems, d.out_nelems, d.in_nelems * dtype_bytes(d.dtype), d.kernel_event_id, d.kernel_name, d.device,
+       d.stream, d.gpu_ts_ns, d.gpu_end_ns, d.gpu_dur_ns, d.op_event_id, d.op_ts_ns, d.op_end_ns, d.pid, d.tid,
+       row_number() OVER (PARTITION BY d.run_id, d.process_group
+                          ORDER BY coalesce(d.gpu_ts_ns, d.op_ts_ns), d.kernel_event_id, d.op_event_id)
+FROM described d JOIN runs r USING (run_id);
