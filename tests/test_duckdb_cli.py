@@ -10,7 +10,7 @@ import pytest
 
 from tests.conftest import sample
 from tracekit import db
-from tracekit.db.schema import PUBLIC_TABLES, PUBLIC_VIEWS
+from tracekit.db import stdlib
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
 DUCKDB_CLI = shutil.which("duckdb", path=str(Path(sys.executable).parent)) or shutil.which("duckdb")
@@ -25,7 +25,7 @@ def test_duckdb_cli_reads_a_tracekit_database(tmp_path):
     expected = con.execute("SELECT count(*) FROM kernels").fetchone()[0]
     con.close()
     assert expected > 0
-    queries = [f"SELECT count(*) FROM {rel};" for rel in PUBLIC_TABLES + PUBLIC_VIEWS]
+    queries = [f"SELECT count(*) FROM {rel};" for rel in stdlib.public("table") + stdlib.public("view")]
     out = subprocess.run(
         [DUCKDB_CLI, "-readonly", "-csv", "-noheader", str(path), "-c", "SELECT count(*) FROM kernels;" + "".join(queries)],
         capture_output=True, text=True,
