@@ -29,6 +29,7 @@ in any order, with other queries in between. A relation runs its query again on 
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import json
 import weakref
 from dataclasses import dataclass, field
@@ -197,7 +198,7 @@ class Trace:
         import duckdb
 
         try:
-            return self._db.cursor().sql(query, params=params or None)
+            return self._db.relation(query, params or None)
         except duckdb.Error as e:
             raise TracekitError(f"query failed: {' '.join(str(e).split())}") from None
 
@@ -239,11 +240,11 @@ class Trace:
             raise TracekitError(f"{self._db.path}: opened read-only; findings are stored in the database")
         key = self.analysis(rules, params).key
         everything = set(self._run_ids) >= set(self._db.run_ids())
-        return self._db.cursor().sql(
+        return self._db.relation(
             "SELECT * EXCLUDE (analysis_key) FROM findings WHERE analysis_key = $key "
             "AND (list_contains($runs, run_id) OR (run_id IS NULL AND $everything)) "
             f"ORDER BY {_SEVERITY_ORDER}, share_of_window DESC, rule, id, run_id",
-            params={"key": key, "runs": list(self._run_ids), "everything": everything},
+            {"key": key, "runs": list(self._run_ids), "everything": everything},
         )
 
     def report_document(self, rules=None, params=None, max_findings: int | None = 25) -> dict:
@@ -385,7 +386,8 @@ class _Database:
         self.analyses: dict[str, Analysis] = {}  # analysis key -> findings over every run
         self.noise: dict[tuple, dict] = {}  # (baseline runs, candidate runs, step) -> the diff's noise
         self.companions: dict[tuple, tuple] = {}  # (other database, its runs, ours) -> both in a scratch one
-        self._cursors = weakref.WeakSet()
+        self._cursors: dict[int, object] = {}  # cursor of each live relation, by a serial number
+        self._serial = itertools.count()
 
     @classmethod
     def connect(cls, path, must_exist: bool = False, read_only: bool = False) -> _Database:
@@ -400,18 +402,34 @@ class _Database:
             raise TracekitError(f"{path}: cannot open as a DuckDB database ({str(e).splitlines()[0]})") from None
         return cls(con, path, read_only)
 
-    def cursor(self):
-        """A cursor per relation: a relation's pending result never blocks another query."""
+    def relation(self, query: str, params: dict | None = None):
+        """A relation on a cursor of its own, so that its pending result never blocks another query;
+        the cursor lives as long as the relation (DuckDB 1.x relations do not keep it alive)."""
         cur = self.con.cursor()
-        self._cursors.add(cur)
-        return cur
+        try:
+            rel = cur.sql(query, params=params)
+        except BaseException:
+            cur.close()
+            raise
+        if rel is None:  # a statement without rows: it ran already
+            cur.close()
+            return None
+        serial = next(self._serial)
+        self._cursors[serial] = cur
+        weakref.finalize(rel, self._release, serial)
+        return rel
+
+    def _release(self, serial: int) -> None:
+        cur = self._cursors.pop(serial, None)
+        if cur is not None:
+            cur.close()
 
     def close(self) -> None:
         for _, cand, _ in self.companions.values():
             cand._db.close()
         self.companions.clear()
-        for cur in list(self._cursors):
-            cur.close()
+        for serial in list(self._cursors):
+            self._release(serial)
         self.con.close()
 
     def run_ids(self) -> list[int]:
@@ -458,7 +476,7 @@ class _Database:
         })  # fmt: skip
         self.con.execute("DELETE FROM findings WHERE analysis_key = ?", [key])
         # on a cursor of its own: registering on the main connection fails while a rule's result is pending
-        cur = self.cursor()
+        cur = self.con.cursor()
         cur.register("tk_new_findings", table)
         cur.execute(f"INSERT INTO findings ({', '.join(table.column_names)}) SELECT * FROM tk_new_findings")
         cur.close()
@@ -479,17 +497,17 @@ class _Database:
         new = [first + i for i in range(len(old))]
         remap = "CASE run_id " + " ".join(f"WHEN {o} THEN {n}" for o, n in zip(old, new)) + " END"
         try:
-            for table, columns in _run_tables(self.con, source.con):
+            for table, columns in _run_tables(self, source):
                 select = ", ".join(f"{remap} AS run_id" if c == "run_id" else f'"{c}"' for c in columns)
                 if table == "event_rows":
                     self._copy_events(source, old, new, columns, remap)
                     continue
-                rows = source.cursor().sql(
-                    f'SELECT {select} FROM "{table}" WHERE list_contains($ids, run_id)', params={"ids": old}
+                rows = source.relation(
+                    f'SELECT {select} FROM "{table}" WHERE list_contains($ids, run_id)', {"ids": old}
                 )
                 self._append(table, columns, rows)
         except BaseException:
-            for table, _ in _run_tables(self.con, self.con):
+            for table, _ in _run_tables(self, self):
                 self.con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [new])
             raise
         finally:
@@ -499,7 +517,7 @@ class _Database:
     def _append(self, table: str, columns: list[str], relation) -> None:
         reader = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
         names = ", ".join(f'"{c}"' for c in columns)
-        cur = self.cursor()
+        cur = self.con.cursor()
         cur.register("tk_copied_rows", reader(100_000))
         cur.execute(f'INSERT INTO "{table}" ({names}) SELECT {names} FROM tk_copied_rows')
         cur.close()
@@ -514,16 +532,13 @@ class _Database:
             "WITH s AS (SELECT rowid AS tk_rowid, row_number() OVER (ORDER BY rowid) - 1 AS tk_pos, * "
             "FROM event_rows WHERE list_contains($ids, run_id)) "
         )
-        rows = source.cursor().sql(
+        rows = source.relation(
             numbered + f"SELECT {picked} FROM s LEFT JOIN s p ON p.tk_rowid = s.parent_id ORDER BY s.tk_pos",
-            params={"ids": old},
+            {"ids": old},
         )
         self._append("event_rows", columns, rows)
-        expected, count = (
-            source.cursor()
-            .sql(numbered + f"SELECT bit_xor({shape}), count(*) FROM s", params={"ids": old})
-            .fetchall()[0]
-        )
+        checksum = source.relation(numbered + f"SELECT bit_xor({shape}), count(*) FROM s", {"ids": old})
+        expected, count = checksum.fetchall()[0]
         lo, hi, n = self.con.execute(
             "SELECT min(rowid), max(rowid), count(*) FROM event_rows WHERE list_contains(?, run_id)", [new]
         ).fetchone()
@@ -551,9 +566,9 @@ def _run_tables(target, source) -> list[tuple[str, list[str]]]:
         "AND table_name IN (SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
         "AND schema_name = 'main' AND NOT temporary) GROUP BY table_name ORDER BY table_name"
     )
-    theirs = dict(source.cursor().sql(query).fetchall())
+    theirs = dict(source.relation(query).fetchall())
     out = []
-    for table, columns in target.cursor().sql(query).fetchall():
+    for table, columns in target.relation(query).fetchall():
         shared = [c for c in columns if c in set(theirs.get(table, ()))]
         if "run_id" in shared and table != "findings":
             out.append((table, shared))
