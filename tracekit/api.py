@@ -67,8 +67,10 @@ def open(
     """
     paths = [Path(p) for p in inputs]
     databases = [p for p in paths if is_database(p)]
-    if databases and (len(paths) > 1 or db is not None):
+    if databases and len(paths) > 1:
         raise TracekitError("pass either one .duckdb database or trace files, not both")
+    if databases and db is not None:
+        raise TracekitError(f"{databases[0]} is opened as it is: name no other database to ingest into (db, --db)")
     if databases:
         db = databases[0]
         paths = []
