@@ -182,6 +182,8 @@ class Trace:
         if isinstance(offsets, dict):
             offsets = [f"{name}={value}" for name, value in offsets.items()]
         shifts = parse_offsets(offsets or (), paths)
+        if isinstance(labels, str):
+            labels = [labels]
         try:
             results = ingest(
                 self._db.con, paths, rank=rank, labels=list(labels) if labels else None, progress=progress,
@@ -194,8 +196,8 @@ class Trace:
     # ------------------------------------------------------------------------------------ queries
 
     def sql(self, query: str, **params):
-        """A DuckDB relation over the whole database (filter on `run_id IN $runs` with
-        runs=trace.runs for this Trace's runs); `$name` placeholders bind `params`. A statement
+        """A DuckDB relation over the whole database (`list_contains($runs, run_id)` with
+        runs=trace.runs keeps this Trace's runs); `$name` placeholders bind `params`. A statement
         that returns no rows (CREATE, INSERT, ...) runs at once and gives None."""
         import duckdb
 

@@ -1,8 +1,8 @@
 """Rows -> table / csv / tsv / json / jsonl: the one printer of every row-returning command (like sqlite-utils).
 
 The table fits the terminal (`shutil.get_terminal_size`, which honours COLUMNS when the output is
-piped): when the columns are too wide, the widest text columns are cut, each cut value ending in
-`…`; numbers are never cut and are right-aligned.
+piped): when the columns are too wide, the widest text columns are narrowed first, each cut value
+ending in `…`; headers and numbers are never cut, and numbers are right-aligned.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import orjson
 ROW_FORMATS = ("table", "csv", "tsv", "json", "jsonl")
 ELLIPSIS = "…"
 GAP = "  "
-MIN_CUT_WIDTH = 8  # a text column is never cut narrower than this (or its header)
+MIN_CUT_WIDTH = 8  # no text column is cut narrower than this (or its header)
 
 
 def _plain(value):
@@ -54,18 +54,20 @@ def table(columns: list[str], rows: list[tuple], width: int, text: dict | None =
     text = text or {}
     shown = [[_cell(v, text.get(c)) for c, v in zip(columns, row)] for row in rows]
     numeric = [bool(rows) and all(_is_number(r[i]) for r in rows if r[i] is not None) for i in range(len(columns))]
-    widths = [max([len(str(c))] + [len(r[i]) for r in shown]) for i, c in enumerate(columns)]
-    _fit(widths, [len(str(c)) for c in columns], numeric, width)
+    longest = [max([0] + [len(r[i]) for r in shown]) for i in range(len(columns))]
+    widths = [max(len(str(c)), n) for c, n in zip(columns, longest)]
+    # headers and numbers are never cut; text values go down to MIN_CUT_WIDTH
+    floors = [w if num else max(len(str(c)), min(w, MIN_CUT_WIDTH)) for c, w, num in zip(columns, widths, numeric)]
+    _fit(widths, floors, width)
     lines = [_line([str(c) for c in columns], widths, numeric), _line(["-" * w for w in widths], widths, numeric)]
     lines += [_line(r, widths, numeric) for r in shown]
     return "\n".join(lines) + "\n"
 
 
-def _fit(widths: list[int], headers: list[int], numeric: list[bool], width: int) -> None:
-    """Narrow the widest text column, one character at a time, until the row fits or none can shrink."""
-    floor = [max(h, MIN_CUT_WIDTH) for h in headers]
+def _fit(widths: list[int], floors: list[int], width: int) -> None:
+    """Narrow the widest column above its floor, one character at a time, until the row fits."""
     while sum(widths) + len(GAP) * (len(widths) - 1) > width:
-        cuttable = [i for i, w in enumerate(widths) if not numeric[i] and w > floor[i]]
+        cuttable = [i for i, w in enumerate(widths) if w > floors[i]]
         if not cuttable:
             return
         widest = max(cuttable, key=lambda i: (widths[i], -i))
