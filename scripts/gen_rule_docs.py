@@ -43,21 +43,16 @@ SHOWN = (
 
 
 def example(code: str) -> dict | None:
-    from tracekit import db
-    from tracekit.engine.runner import run_rules
-    from tracekit.findings.report import rank
+    import tracekit
 
     files = [ROOT / "sample_traces" / f for f in EXAMPLES.get(code, ())]
     if not files or not all(f.exists() for f in files):
         return None
-    from tracekit.ingest.pipeline import ingest
-
-    con = db.connect(None)
-    ingest(con, files)
-    findings, _ = run_rules(con, [code])
+    with tracekit.open(*files) as trace:
+        findings = trace.finding_records([code])  # ranked, as in the report
     if not findings:
         return None
-    top = rank(findings)[0].as_dict()
+    top = findings[0]
     top["locality"] = {k: v for k, v in top["locality"].items() if k != "run_id"}
     for key in ("source",):
         top.pop(key, None)

@@ -204,3 +204,78 @@ def test_analyze_a_database_made_by_ingest_and_two_ranks(tmp_path):
     ]
     rows = json.loads(run("sql", dbf, f["evidence"]["sql"], *params, "-f", "json", check_rc=0).stdout)
     assert rows and rows[0]["exposed_ns"] == f["observed"]["value"]
+
+
+def run_env(*args, env=None, check_rc=None):
+    import os
+
+    proc = subprocess.run([TRACEKIT, *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+    if check_rc is not None:
+        assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+def test_row_formats_and_a_table_that_fits_the_terminal(tmp_path):
+    dbf = tmp_path / "e.duckdb"
+    run("ingest", sample("gpu_prefill_decode_eager.json.gz"), "--db", dbf, "-q", check_rc=0)
+    query = "SELECT name, count(*) AS n FROM kernels GROUP BY 1 ORDER BY 2 DESC, 1 LIMIT 3"
+    rows = json.loads(run("sql", dbf, query, "-f", "json", check_rc=0).stdout)
+    jsonl = [json.loads(line) for line in run("sql", dbf, query, "-f", "jsonl", check_rc=0).stdout.splitlines()]
+    assert jsonl == rows and len(rows) == 3
+    tsv = run("sql", dbf, query, "-f", "tsv", check_rc=0).stdout.splitlines()
+    assert tsv[0] == "name\tn" and [line.split("\t") for line in tsv[1:]] == [[r["name"], str(r["n"])] for r in rows]
+    table = run_env("sql", dbf, query, env={"COLUMNS": "40"}, check_rc=0).stdout.splitlines()
+    assert table[0].split() == ["name", "n"] and all(len(line) <= 40 for line in table)
+    for line, r in zip(table[2:], rows):
+        assert line.endswith(f" {r['n']}")  # numbers are never cut
+        name = line[: -len(str(r["n"]))].rstrip()
+        assert name == r["name"] or (name.endswith("…") and r["name"].startswith(name[:-1]))
+    assert any(line.rstrip().split("  ")[0].endswith("…") for line in table[2:])
+    wide = run_env("sql", dbf, query, env={"COLUMNS": "400"}, check_rc=0).stdout
+    assert "…" not in wide and all(r["name"] in wide for r in rows)
+
+
+def test_output_file_quiet_and_verbose(tmp_path):
+    eager = sample("gpu_prefill_decode_eager.json.gz")
+    out = tmp_path / "report.json"
+    written = run("analyze", eager, "-f", "json", "-o", out, check_rc=0)
+    assert written.stdout == f"{out}: written\n" and json.loads(out.read_text())["findings"]
+    assert run("analyze", eager, "-f", "json", "-o", out, "-q", check_rc=0).stdout == ""
+    assert run("-q", "diff", eager, eager, "-o", tmp_path / "d.md", "-f", "markdown", check_rc=0).stdout == ""
+    assert (tmp_path / "d.md").read_text().startswith("# tracekit diff")
+    loud = run("analyze", eager, "--rules", "H001", "-f", "json", "-v", check_rc=0)
+    lines = loud.stderr.splitlines()
+    assert lines[0] == f"loading {eager.name}"  # ingest's progress messages, one line each
+    ingested = [line for line in lines if line.startswith(f"ingested {eager}: ")]
+    assert len(ingested) == 1 and " events (0 skipped) in " in ingested[0]
+    assert any(line.startswith("rules: ") for line in lines)
+    assert json.loads(loud.stdout)["findings"]  # the output itself is unchanged
+
+
+def test_analyze_db_stores_the_findings(tmp_path):
+    dbf = tmp_path / "a.duckdb"
+    doc = json.loads(run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--db", dbf, "-f", "json",
+                         check_rc=0).stdout)  # fmt: skip
+    rows = json.loads(run("sql", dbf, "SELECT id, rule, severity, record FROM findings", "-f", "json", check_rc=0).stdout)
+    assert [r["id"] for r in rows] == [f["id"] for f in doc["findings"]]
+    assert [json.loads(r["record"]) for r in rows] == doc["findings"]
+
+
+def test_text_outputs_print_durations_by_magnitude():
+    from tracekit.units import duration
+
+    eager = sample("gpu_prefill_decode_eager.json.gz")
+    doc = json.loads(run("analyze", eager, "-f", "json", check_rc=0).stdout)
+    top = doc["summary"]["runs"][0]["top_kernels"][0]
+    assert top["mean_ns"] < 10_000  # a few microseconds: the report used to print 0.005 ms
+    text = run_env("analyze", eager, env={"COLUMNS": "200"}, check_rc=0).stdout
+    kernel_line = next(line for line in text.splitlines() if line.startswith(top["name"]))
+    assert kernel_line.split("  ")[-1].strip() == duration(top["mean_ns"]) and duration(top["mean_ns"]).endswith(" us")
+    md = run("analyze", eager, "-f", "markdown", check_rc=0).stdout
+    assert f"| {duration(top['total_ns'])} | {duration(top['mean_ns'])} |" in md
+
+
+def test_shell_completion_script():
+    out = run_env(env={"_TRACEKIT_COMPLETE": "bash_source"}, check_rc=0).stdout
+    assert "_TRACEKIT_COMPLETE=bash_complete" in out and "complete " in out

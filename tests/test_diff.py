@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+import tracekit
 from tests.conftest import corpus, sample
-from tracekit.compare.diff import bootstrap_ci, parse_accept, run_diff
+from tracekit.api import side_labels
+from tracekit.compare.diff import bootstrap_ci, parse_accept
 from tracekit.errors import TracekitError
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
@@ -19,6 +21,13 @@ EAGER = sample("gpu_prefill_decode_eager.json.gz")
 GRAPH = sample("gpu_prefill_decode_cudagraph.json.gz")
 
 _DOCS: dict = {}
+
+
+def run_diff(baseline, candidate, **kw):
+    """Both sides in one database, as `tracekit diff` builds it."""
+    with tracekit.open(*baseline, labels=side_labels("baseline", baseline)) as base:
+        cand = base.add(*candidate, labels=side_labels("candidate", candidate))
+        return cand.diff(base, **kw)
 
 
 def diff(base, cand, **kw):
@@ -187,8 +196,8 @@ def test_analyze_with_baseline():
 
 
 def test_help_lists_every_metric():
-    from tracekit.cli.app import _ACCEPT_HELP
+    from tracekit.cli.options import ACCEPT_HELP
     from tracekit.compare.diff import METRICS
 
     for metric in METRICS:
-        assert metric.split(":")[0] in _ACCEPT_HELP
+        assert metric.split(":")[0] in ACCEPT_HELP

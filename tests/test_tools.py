@@ -63,7 +63,7 @@ def session():
         ("query", {"sql": 5}, "must be of type string"),
         ("analyze", {"path": EAGER}, "unknown argument"),
         ("analyze", {"paths": EAGER}, "must be of type array"),
-        ("ingest", {"paths": ["/nonexistent/trace.json.gz"]}, "not a file"),
+        ("ingest", {"paths": ["/nonexistent/trace.json.gz"]}, "not a file or folder"),
         ("query", {"sql": "SELECT 1", "database": "db99"}, "no database"),
         ("explain_rule", {"rule": "Z999"}, "Z999"),
         ("get_finding", {"finding_id": "G001-000000000000"}, ""),
@@ -137,10 +137,12 @@ def test_diff_tool_on_real_ab_traces(session):
     assert not is_error, result
     jsonschema.validate(result, TOOLS["diff"].result_schema)
     # independent: each side analysed in its own database; new/fixed are the id set differences
-    from tracekit.findings.status import baseline_findings
+    import tracekit
 
-    a = {f["id"] for f in baseline_findings([control])}
-    b = {f["id"] for f in baseline_findings([test])}
+    with tracekit.open(control) as alone:
+        a = {f["id"] for f in alone.finding_records()}
+    with tracekit.open(test) as alone:
+        b = {f["id"] for f in alone.finding_records()}
     by = {}
     for e in result["finding_status"]["findings"]:
         by.setdefault(e["status"], set()).add(e["finding_id"])

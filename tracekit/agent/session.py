@@ -1,8 +1,8 @@
 """The databases one agent session built: handles db1, db2, ...; tools default to the latest.
 
-Every database is a DuckDB file in the session's directory, written by one short-lived connection
-(ingest, rules) and read through the sandbox (sandbox.py), so a model's query never shares a
-connection that can write.
+Every database is a DuckDB file in the session's directory, written through tracekit.api by one
+short-lived connection (ingest, rules; the findings land in its `findings` table) and read through
+the sandbox (sandbox.py), so a model's query never shares a connection that can write.
 """
 
 from __future__ import annotations
@@ -61,59 +61,52 @@ class Session:
         return self.latest
 
     def ingest(self, paths: list[str], labels: list[str] | None = None) -> tuple[Database, list[dict]]:
-        from tracekit.ingest.pipeline import ingest
+        """A new database of these inputs; returns it and one ingest result per input file."""
 
-        def fill(con):
-            return [r.as_dict() for r in ingest(con, [Path(p) for p in paths], labels=labels)]
+        def fill(path: Path):
+            from tracekit import api
+
+            with api.open(*paths, db=path, labels=labels) as trace:
+                return [r.as_dict() for r in trace.ingested]
 
         return self.build(paths, fill)
 
     def build(self, paths: list[str], fill) -> tuple[Database, object]:
-        """A new database from `fill(con)` (ingest, or a diff's two sides); registered only if it succeeds."""
-        from tracekit import db
+        """A new database file made by `fill(path)` (an ingest, or a diff's two sides), registered
+        only if it succeeds; `fill` closes what it opened, so the sandbox can read the file."""
         from tracekit.errors import TracekitError
 
-        missing = [p for p in paths if not Path(p).is_file()]
+        missing = [p for p in paths if not Path(p).exists()]
         if missing:
-            raise ToolError(f"not a file: {', '.join(missing)}", "pass paths of trace files readable by the server")
+            raise ToolError(
+                f"not a file or folder: {', '.join(missing)}", "pass paths of trace files readable by the server"
+            )
         handle = f"db{len(self.databases) + 1}"
         path = self.workdir / f"{handle}.duckdb"
-        con = db.connect(str(path))
         try:
-            out = fill(con)
-            con.execute("CHECKPOINT")
+            out = fill(path)
         except TracekitError as e:
-            con.close()
             path.unlink(missing_ok=True)
             raise ToolError(str(e), "check that the file is a supported trace (docs: README.md, Inputs)") from None
-        finally:
-            con.close()
         entry = Database(handle, path, [str(p) for p in paths])
         self.databases[handle] = entry
         return entry, out
 
     def analyze(self, entry: Database, rules: list[str] | None = None) -> list[dict]:
-        """Findings of the database (cached for the default rule set)."""
-        from tracekit import db
-        from tracekit.engine.registry import get_rule
-        from tracekit.engine.runner import run_rules
+        """Findings of the database (cached for the default rule set); stored in its `findings` table."""
+        from tracekit import api
+        from tracekit.errors import TracekitError
 
-        if rules:
-            for key in rules:
-                try:
-                    get_rule(key)
-                except KeyError as e:
-                    raise ToolError(str(e.args[0]), "explain_rule or `tracekit rules` lists the rules") from None
-        elif entry.findings is not None:
+        if not rules and entry.findings is not None:
             return entry.findings
-        con = db.connect(str(entry.path))
         try:
-            findings, notes = run_rules(con, rules or None)
-        finally:
-            con.close()
-        out = [f.as_dict() for f in findings]
+            with api.open(entry.path) as trace:
+                analysis = trace.analysis(rules or None)
+        except TracekitError as e:
+            raise ToolError(str(e), "explain_rule or `tracekit rules` lists the rules") from None
+        out = [f.as_dict() for f in analysis.findings]
         if not rules:
-            entry.findings, entry.notes = out, [n.as_dict() for n in notes]
+            entry.findings, entry.notes = out, [n.as_dict() for n in analysis.notes]
         return out
 
     def find(self, finding_id: str, handle: str | None) -> tuple[Database, dict]:

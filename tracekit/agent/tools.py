@@ -223,33 +223,32 @@ def diff(
     accept: list[str] | None = None,
     top: int = 8,
 ) -> dict:
-    from tracekit.compare import diff as diffmod
-    from tracekit.findings.status import classify
+    from tracekit import api
+    from tracekit.compare.diff import parse_accept
 
     for a in accept or []:
         try:
-            diffmod.parse_accept(a)
+            parse_accept(a)
         except Exception as e:
             raise ToolError(str(e), 'an acceptance criterion reads METRIC OP VALUE, e.g. "step_time <= +5%"') from None
-    sides = {}
 
-    def fill(con):
-        sides.update(diffmod.load(con, list(baseline), list(candidate)))
-        return diffmod.compare(con, sides, step, list(accept or ()), top)
+    def fill(path):
+        # one database holds both sides (run labels baseline/... and candidate/...), as `tracekit diff` builds it
+        with api.open(*baseline, db=path, labels=api.side_labels("baseline", baseline)) as base:
+            cand = base.add(*candidate, labels=api.side_labels("candidate", candidate))
+            doc = cand.diff(base, step=step, accept=list(accept or ()), top=top)
+            status = cand.status(base, step=step)
+            every = base.select()
+            return doc, status, base.runs, cand.runs, every.finding_records(), every.analysis().notes
 
-    # one database holds both sides (run labels baseline/... and candidate/...), as `tracekit diff` builds it
-    entry, doc = session.build([*baseline, *candidate], fill)
-    findings = session.analyze(entry)
-    base_runs = set(sides["baseline"].run_ids)
-    base = [f for f in findings if f["locality"].get("run_id") in base_runs]
-    cand = [f for f in findings if f["locality"].get("run_id") not in base_runs]
-    status = classify(base, cand, doc["noise"])
+    entry, (doc, status, base_runs, cand_runs, findings, notes) = session.build([*baseline, *candidate], fill)
+    entry.findings, entry.notes = findings, [n.as_dict() for n in notes]
     noise = {k: v for k, v in doc["noise"].items() if k != "phases"}
     phases = {p: {k: v for k, v in d.items() if k != "contributors"} for p, d in doc["delta"]["phases"].items()}
     return {
         "database": entry.handle,
-        "baseline_run_ids": sorted(base_runs),
-        "candidate_run_ids": sorted(sides["candidate"].run_ids),
+        "baseline_run_ids": base_runs,
+        "candidate_run_ids": cand_runs,
         "steps": {k: doc["steps"][k] for k in ("name", "source")},
         "delta": {"end_to_end": doc["delta"]["end_to_end"], "step": doc["delta"]["step"], "phases": phases},
         "contributors": doc["contributors"][:top],

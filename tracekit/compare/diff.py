@@ -1,7 +1,7 @@
 """A/B comparison of two sets of traces: where the time difference comes from, and whether it is real.
 
-Both sides are ingested into one database (run labels `baseline/<file>` and `candidate/<file>`); every
-number is SQL over the public views. The time of a *window* (one step, one phase occurrence, or the
+Both sides are runs of one database (tracekit.api puts them there: `tracekit diff` labels them
+`baseline/<file>` and `candidate/<file>`); every number is SQL over the public views. The time of a *window* (one step, one phase occurrence, or the
 whole run) is split exactly on the run's main GPU (the device with the most busy time):
 
     window time = sum of GPU activity time clipped to the window (per kernel/memcpy/memset name)
@@ -20,7 +20,6 @@ import math
 import random
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from tracekit.errors import TracekitError
 
@@ -42,38 +41,10 @@ METRICS = {
 
 @dataclass
 class Side:
+    """One side of a comparison: its name and its runs in the database being compared."""
+
     name: str
     run_ids: list[int]
-
-
-# ----------------------------------------------------------------------------------------- ingest
-
-
-def load(con, baseline: list, candidate: list) -> dict[str, Side]:
-    """Ingest both sides into `con`; returns the sides with their run ids."""
-    from tracekit.ingest.pipeline import ingest
-
-    if not baseline or not candidate:
-        raise TracekitError("diff needs at least one baseline and one candidate trace")
-    for p in [*baseline, *candidate]:
-        if Path(p).suffix == ".duckdb":
-            raise TracekitError(f"{p}: diff takes trace files, not a .duckdb database")
-    paths = [Path(p) for p in [*baseline, *candidate]]
-    labels = [f"baseline/{_stem(p)}" for p in baseline] + [f"candidate/{_stem(p)}" for p in candidate]
-    results = ingest(con, paths, labels=labels)
-    ids = [r.run_id for r in results]
-    return {
-        "baseline": Side("baseline", ids[: len(baseline)]),
-        "candidate": Side("candidate", ids[len(baseline) :]),
-    }
-
-
-def _stem(p) -> str:
-    name = Path(p).name
-    for suffix in (".gz", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
 
 
 # ---------------------------------------------------------------------------------------- windows
@@ -707,20 +678,6 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
 
 def _headline(d: dict) -> dict:
     return {k: d[k] for k in ("per", "baseline", "candidate", "delta_ns", "delta_pct")}
-
-
-def run_diff(baseline: list, candidate: list, step: str | None = None, accept=(), top: int = 15) -> dict:
-    """Ingest both sides into a fresh in-memory database and compare them."""
-    from tracekit import db
-
-    for a in accept:
-        parse_accept(a)  # a bad expression fails before the ingest
-    con = db.connect(None)
-    try:
-        sides = load(con, list(baseline), list(candidate))
-        return compare(con, sides, step, list(accept), top)
-    finally:
-        con.close()
 
 
 # ---------------------------------------------------------------------------------------- rendering

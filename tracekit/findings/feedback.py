@@ -24,6 +24,7 @@ import math
 import re
 
 from tracekit.findings.model import SEVERITY_RANK
+from tracekit.units import duration
 
 FEEDBACK_VERSION = "1.0"
 TOKEN_METHOD = "ceil(len(compact JSON) / 4)"
@@ -67,13 +68,9 @@ def _where(loc: dict) -> dict:
     return out
 
 
-def _ms(ns) -> str:
-    return f"{(ns or 0) / 1e6:.2f} ms"
-
-
 def deterministic_prose(rec: dict) -> str:
     share = 100 * rec["impact"]["worst_share_of_window"]
-    text = f"{rec['title']}. Costs {_ms(rec['impact']['time_ns'])}"
+    text = f"{rec['title']}. Costs {duration(rec['impact']['time_ns'] or 0)}"
     text += f" ({share:.1f}% of its window at worst)" if rec["count"] > 1 else f" ({share:.1f}% of its window)"
     if rec["count"] > 1:
         text += f"; seen {rec['count']} times (runs/ranks/threads), worst example first"

@@ -18,14 +18,18 @@ def rank(findings: list[Finding]) -> list[Finding]:
     return sorted(findings, key=lambda f: (-SEVERITY_RANK[f.severity], -f.impact_share, f.rule, f.id))
 
 
-def runs_section(con) -> list[dict]:
+def runs_section(con, run_ids=None) -> list[dict]:
+    """The runs the report covers (`run_ids`; default every run of the database)."""
     rows = con.execute(
         """
         SELECT r.run_id, r.label, r.source, r.format, r.rank, r.world_size, r.start_ns, r.end_ns,
                l.events_read, l.events_ingested, l.events_skipped,
                json_extract_string(r.device_properties, '$[0].name') AS device
-        FROM runs r LEFT JOIN ingest_log l ON l.run_id = r.run_id AND l.source = r.source ORDER BY r.run_id
-        """
+        FROM runs r LEFT JOIN ingest_log l ON l.run_id = r.run_id AND l.source = r.source
+        WHERE $ids IS NULL OR list_contains($ids, r.run_id)
+        ORDER BY r.run_id
+        """,
+        {"ids": None if run_ids is None else list(run_ids)},
     ).fetchall()
     keys = (
         "run_id label source format rank world_size start_ns end_ns events_read events_ingested events_skipped device"
@@ -38,7 +42,8 @@ def runs_section(con) -> list[dict]:
     return out
 
 
-def build_report(con, findings: list[Finding], notes: list, summary: dict, max_findings: int = 25) -> dict:
+def build_report(con, findings: list[Finding], notes: list, summary: dict, max_findings: int = 25,
+                 run_ids=None) -> dict:
     ranked = rank(findings)
     kept = ranked[:max_findings]
     counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITY_RANK}
@@ -47,7 +52,7 @@ def build_report(con, findings: list[Finding], notes: list, summary: dict, max_f
         "schema_version": SCHEMA_VERSION,
         "finding_schema_version": FINDING_SCHEMA_VERSION,
         "tracekit_version": __version__,
-        "runs": runs_section(con),
+        "runs": runs_section(con, run_ids),
         "summary": summary,
         "findings": [f.as_dict() for f in kept],
         "findings_total": len(findings),

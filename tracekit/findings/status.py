@@ -9,6 +9,8 @@ has the same id in the baseline and in the re-run. Per id:
   noise tolerance is `unchanged` even when the severity label moved; a growth beyond it is
   `regressed`; a drop beyond it stays `unchanged` with `trend: "better"` (the problem is still there).
 
+Only classification lives here; tracekit.api.Trace.status gathers both sides' findings and the noise.
+
 Noise tolerance (relative): the larger of 10% and the run-to-run spread the diff measured on steps
 (IQR / median on either side, and the half-width of the 95% CI of the step-time delta over the
 baseline median); at least 0.5% of the baseline finding's window.
@@ -17,6 +19,7 @@ baseline median); at least 0.5% of the baseline finding's window.
 from __future__ import annotations
 
 from tracekit.findings.model import SEVERITY_RANK
+from tracekit.units import duration
 
 MIN_REL_TOLERANCE = 0.10
 ABS_WINDOW_FLOOR = 0.005
@@ -40,10 +43,6 @@ def noise_tolerance(noise: dict | None) -> tuple[float, str]:
     if measured <= MIN_REL_TOLERANCE:
         return MIN_REL_TOLERANCE, f"step spread {measured:.1%} is below the {MIN_REL_TOLERANCE:.0%} floor"
     return measured, f"step spread {measured:.1%} (IQR/median and CI95 of the step delta)"
-
-
-def _ms(ns) -> str:
-    return f"{ns / 1e6:.2f} ms"
 
 
 def _side(f: dict) -> dict:
@@ -73,7 +72,7 @@ def classify(baseline: list[dict], candidate: list[dict], noise: dict | None = N
             delta = ct - bt
             allowed = max(tol * bt, ABS_WINDOW_FLOOR * (b["impact"]["window_ns"] or 0))
             moved = SEVERITY_RANK[c["severity"]] - SEVERITY_RANK[b["severity"]]
-            change = f"cost {_ms(bt)} -> {_ms(ct)} (noise +/-{_ms(allowed)})"
+            change = f"cost {duration(bt)} -> {duration(ct)} (noise +/-{duration(allowed)})"
             if abs(delta) <= allowed:
                 why = change + ": within noise"
                 if moved:
@@ -88,43 +87,6 @@ def classify(baseline: list[dict], candidate: list[dict], noise: dict | None = N
         out.append(entry)
     counts = {s: sum(1 for e in out if e["status"] == s) for s in STATUSES}
     return {"tolerance": round(tol, 4), "tolerance_source": source, "counts": counts, "findings": out}
-
-
-def diff_with_status(baseline: list, candidate: list, candidate_findings: list[dict], step=None, accept=(),
-                     select=None, overrides=None) -> tuple[dict, dict]:  # fmt: skip
-    """(diff document, finding status) from one database holding both sides, as `tracekit diff` builds it:
-    the baseline's findings come from the same rules and parameters run on that database."""
-    from tracekit import db
-    from tracekit.compare import diff as diffmod
-    from tracekit.engine.runner import run_rules
-
-    for a in accept:
-        diffmod.parse_accept(a)  # a bad expression fails before the ingest
-    con = db.connect(None)
-    try:
-        sides = diffmod.load(con, list(baseline), list(candidate))
-        doc = diffmod.compare(con, sides, step, list(accept))
-        base_runs = set(sides["baseline"].run_ids)
-        findings, _ = run_rules(con, select, overrides)
-    finally:
-        con.close()
-    base = [f.as_dict() for f in findings if f.locality.get("run_id") in base_runs]
-    return doc, classify(base, candidate_findings, doc["noise"])
-
-
-def baseline_findings(paths: list, select=None, overrides=None) -> list[dict]:
-    """Findings of traces analysed on their own (a fresh in-memory database)."""
-    from tracekit import db
-    from tracekit.engine.runner import run_rules
-    from tracekit.ingest.pipeline import ingest
-
-    con = db.connect(None)
-    try:
-        ingest(con, list(paths))
-        findings, _ = run_rules(con, select, overrides)
-        return [f.as_dict() for f in findings]
-    finally:
-        con.close()
 
 
 def to_text(doc: dict) -> str:

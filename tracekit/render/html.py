@@ -14,6 +14,7 @@ import html
 import json
 
 from tracekit.render import timeline as tl
+from tracekit.units import duration
 
 COLORS = {
     "compute": "#4C78A8",
@@ -74,7 +75,7 @@ def _e(x) -> str:
 
 
 def _ms(ns) -> str:
-    return "-" if ns is None else f"{ns / 1e6:,.3f} ms"
+    return duration(ns)  # by magnitude, as the CLI prints it (4.70 us, not 0.005 ms)
 
 
 def _pct(x) -> str:
@@ -583,6 +584,6 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
     intro = (
         f'<body data-figures="{page.figures}"><h1>{_e(title)}</h1>{errors}'
         f'<p class="note">tracekit {_e(report.get("tracekit_version"))}; {len(runs)} run(s); '
-        f"{page.figures} figure(s); times in ms.</p>"
+        f"{page.figures} figure(s); figure axes in ms.</p>"
     )
     return head + intro + "".join(page.parts) + "</body></html>\n", page.figures

@@ -1,20 +1,19 @@
-"""The analyze report (a dict from the summarizer) -> text (rich), markdown or JSON."""
+"""The analyze report (build_report's document) -> text (rich), markdown or JSON.
+
+Text follows the terminal width (COLUMNS when piped) and cuts long names with an ellipsis; durations
+read by magnitude (4.70 us, 12.3 ms, 1.52 s) in text and markdown alike; JSON keeps integer ns.
+"""
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import orjson
 
+from tracekit.units import duration, share
+
 REPORT_FORMATS = ("text", "json", "markdown")
-
-
-def _ms(ns) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.2f} ms"
-
-
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
 
 
 def _where(loc: dict) -> str:
@@ -33,8 +32,12 @@ def _where(loc: dict) -> str:
     if loc.get("op"):
         parts.append(loc["op"])
     if loc.get("kernel"):
-        parts.append(loc["kernel"][:80])
+        parts.append(_cut(loc["kernel"], 80))
     return ", ".join(str(p) for p in parts)
+
+
+def _cut(name: str, limit: int) -> str:
+    return name if len(name) <= limit else name[: limit - 1] + "…"
 
 
 def render(report: dict, fmt: str, out=None) -> None:
@@ -53,7 +56,7 @@ def to_markdown(report: dict) -> str:
     for r in report["runs"]:
         lines.append(
             f"| {r['label']} | {r['rank'] if r['rank'] is not None else '-'} | {r.get('device') or '-'} "
-            f"| {r['events_ingested']} | {_ms(r['window_ns'])} |"
+            f"| {r['events_ingested']} | {duration(r['window_ns'])} |"
         )
     lines += ["", f"## Findings ({report['findings_total']})", ""]
     for i, f in enumerate(report["findings"], 1):
@@ -64,7 +67,7 @@ def to_markdown(report: dict) -> str:
             f"- where: {_where(loc)}" + (f"; window {loc['window_ns']}" if loc.get("window_ns") else ""),
             f"- observed: {f['observed']['value']} {f['observed']['unit']} ({f['observed'].get('what', '')})",
             f"- expected: {f['expected']['value']} {f['expected']['unit']} ({f['expected'].get('what', '')})",
-            f"- impact: {_ms(f['impact']['time_ns'])} = {_pct(f['impact']['share_of_window'])} of the window",
+            f"- impact: {duration(f['impact']['time_ns'])} = {share(f['impact']['share_of_window'])} of the window",
             f"- hypothesis: {f['hypothesis']}",
             f"- next experiment: {f['next_experiment']}",
             f"- acceptance: {f['acceptance']}",
@@ -100,39 +103,33 @@ def _summary_markdown(summary: dict) -> str:
                 "|---|---|---|---|",
             ]
             for k in kernels:
-                out.append(f"| {k['name'][:90]} | {k['count']} | {_ms(k['total_ns'])} | {k['mean_ns'] / 1e3:.1f} us |")
+                out.append(f"| {_cut(k['name'], 90)} | {k['count']} | {duration(k['total_ns'])} | {duration(k['mean_ns'])} |")
             out.append("")
     return "\n".join(out)
 
 
 def to_text(report: dict, out) -> None:
     from rich.console import Console
-    from rich.table import Table
+    from rich.markup import escape
 
-    console = Console(file=out, width=None if out.isatty() else 120, highlight=False)
-    runs = Table(title="runs", header_style="bold")
-    for col in ("run", "rank", "device", "events", "skipped", "window"):
-        runs.add_column(col)
-    for r in report["runs"]:
-        runs.add_row(
-            str(r["label"]),
-            "-" if r["rank"] is None else str(r["rank"]),
-            str(r.get("device") or "-"),
-            str(r["events_ingested"]),
-            str(r["events_skipped"]),
-            _ms(r["window_ns"]),
-        )
-    console.print(runs)
+    from tracekit.render.tables import table
+
+    width = shutil.get_terminal_size().columns
+    console = Console(file=out, width=None if out.isatty() else width, highlight=False)
+    console.print("[bold]runs[/bold]")
+    rows = [
+        (r["label"], "-" if r["rank"] is None else r["rank"], r.get("device") or "-", r["events_ingested"],
+         r["events_skipped"], r["window_ns"])
+        for r in report["runs"]
+    ]  # fmt: skip
+    out.write(table(["run", "rank", "device", "events", "skipped", "window"], rows, width, {"window": duration}))
     for run in (report.get("summary") or {}).get("runs", []):
         kernels = run.get("top_kernels") or []
         if not kernels:
             continue
-        t = Table(title=f"top kernels: {run.get('label', run.get('run_id'))}", header_style="bold")
-        for col in ("kernel", "count", "total", "mean"):
-            t.add_column(col, overflow="fold")
-        for k in kernels[:5]:
-            t.add_row(k["name"][:70], str(k["count"]), _ms(k["total_ns"]), f"{k['mean_ns'] / 1e3:.1f} us")
-        console.print(t)
+        console.print(f"\n[bold]top kernels: {escape(str(run.get('label', run.get('run_id'))))}[/bold]")
+        rows = [(k["name"], k["count"], k["total_ns"], k["mean_ns"]) for k in kernels[:5]]
+        out.write(table(["kernel", "count", "total", "mean"], rows, width, {"total": duration, "mean": duration}))
     colors = {"critical": "red", "warning": "yellow", "info": "cyan"}
     counts = report["severity_counts"]
     console.print(
@@ -141,17 +138,17 @@ def to_text(report: dict, out) -> None:
     )
     for i, f in enumerate(report["findings"], 1):
         c = colors[f["severity"]]
-        console.print(f"\n[{c}]{i}. {f['severity'].upper()} {f['rule']}[/{c}] {f['title']}")
-        console.print(f"   where:  {_where(f['locality'])}")
+        console.print(f"\n[{c}]{i}. {f['severity'].upper()} {f['rule']}[/{c}] {escape(f['title'])}")
+        console.print(f"   where:  {escape(_where(f['locality']))}")
         console.print(
-            f"   impact: {_ms(f['impact']['time_ns'])} ({_pct(f['impact']['share_of_window'])} of window), "
+            f"   impact: {duration(f['impact']['time_ns'])} ({share(f['impact']['share_of_window'])} of window), "
             f"confidence {f['confidence']}"
         )
         if f["locality"].get("code_path"):
-            console.print("   code:   " + " <- ".join(f["locality"]["code_path"][:3]))
-        console.print(f"   next:   {f['next_experiment']}")
-        console.print(f"   check:  {f['acceptance']}")
+            console.print("   code:   " + escape(" <- ".join(f["locality"]["code_path"][:3])))
+        console.print(f"   next:   {escape(f['next_experiment'])}")
+        console.print(f"   check:  {escape(f['acceptance'])}")
     if report["findings_omitted"]:
         console.print(f"\n({report['findings_omitted']} lower-ranked findings omitted; --max-findings raises the cap)")
     for d in report["data_quality"]:
-        console.print(f"[dim]data quality: {d['rule']}: {d['message']}[/dim]")
+        console.print(f"[dim]data quality: {escape(d['rule'])}: {escape(d['message'])}[/dim]")

@@ -1,0 +1,55 @@
+"""`tracekit ingest`: inputs into a database file; one row per input file read."""
+
+from __future__ import annotations
+
+import click
+
+from tracekit.cli.options import CONTEXT, INPUT, metric_option, offset_option, output_options, rank_option
+
+
+@click.command("ingest", context_settings=CONTEXT)
+@click.argument("traces", nargs=-1, required=True, type=INPUT)
+@click.option(
+    "--db", "db_path", required=True, type=click.Path(dir_okay=False), help="DuckDB file to create or add to."
+)
+@rank_option
+@click.option("--label", "labels", multiple=True, help="Run label, once per run (default: file name).")
+@metric_option
+@offset_option
+@output_options()
+def command(traces, db_path, rank, labels, metrics, fmt):
+    """Load traces (files, or folders a profiler wrote) into a database; prints events read =
+    ingested + skipped per file.
+
+    \b
+        tracekit ingest rank0.json.gz rank1.json.gz --db run.duckdb
+    """
+    from tracekit.cli.console import open_inputs
+    from tracekit.render.tables import emit_rows
+    from tracekit.units import duration
+
+    with open_inputs(traces, db=db_path, rank=rank, labels=list(labels) or None, metrics=metrics) as trace:
+        results = trace.ingested
+    structured = fmt in ("json", "jsonl")
+    cols = ["run_id", "source", "rank", "events_read", "events_ingested", "events_skipped", "skipped_reasons",
+            "alignment", "seconds"]  # fmt: skip
+    rows = [
+        (
+            r.run_id, r.source, r.rank, r.events_read, r.events_ingested, r.events_skipped,
+            r.skipped_reasons if structured else ", ".join(f"{k}: {v}" for k, v in r.skipped_reasons.items()),
+            r.alignment if structured else _alignment_text(r.alignment),
+            round(r.seconds, 3),
+        )
+        for r in results
+    ]  # fmt: skip
+    emit_rows(cols, rows, fmt, text={"seconds": lambda s: duration(s * 1e9)})
+
+
+def _alignment_text(alignment: dict | None) -> str:
+    from tracekit.units import duration
+
+    if not alignment:
+        return ""
+    offset = alignment.get("applied_offset_ns", 0)
+    method = alignment.get("method") or ("shared events" if alignment.get("pairs") else "none")
+    return f"{'+' if offset >= 0 else ''}{duration(offset)} ({method})"
