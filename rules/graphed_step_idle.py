@@ -19,9 +19,11 @@ capture or fuse what is left, not to capture again, which is why this is not G00
 ## Example
 The H200 decode loop with its decode step captured (`sample_traces/gpu_prefill_decode_cudagraph.json.gz`):
 `decode_step` replays one graph per step (32 replays) and launches 6 eager kernels per step around
-it, all shorter than their launch call; the GPU is busy 63% of the 15.5 ms of steps. That is over
-the default `max_busy_share` (0.5), so the rule is quiet there; with `max_busy_share` at 0.7 it
-reports the step and names the eager ops around the replay.
+it, all shorter than their launch call; the GPU is busy 63% of the 15.5 ms of steps, and 30% of
+its idle time there is in gaps under 100 us (most of the rest follows the per-step `.item()` sync
+that H001 host-sync reports). That is over the default `max_busy_share` (0.5) and under
+`min_short_idle_share` (0.5), so the rule is quiet there; with 0.7 and 0.3 it reports the step and
+names the eager ops around the replay.
 
 ## Options
 - `max_busy_share` (0.5): report groups whose GPU busy share is below this.
@@ -54,8 +56,8 @@ from tracekit.rules import _steps
     params=_steps.PARAMS,
     example=Example(
         ("gpu_prefill_decode_cudagraph.json.gz",),
-        params={"max_busy_share": 0.7},
-        note="quiet with the defaults on every bundled trace: the graphed decode step is busy 63% of its time",
+        params={"max_busy_share": 0.7, "min_short_idle_share": 0.3},
+        note="the graphed decode step is busy 63% of its time, and only 30% of its idle time is in short gaps",
     ),
 )
 def check(con, params, ctx):

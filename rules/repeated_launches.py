@@ -100,9 +100,9 @@ def _skipped(name: str, patterns: list[str]) -> bool:
     },
     example=Example(
         ("corpus/hta__trace_diff__control.json.gz",),
-        params={"skip_kernels": ""},
+        params={"skip_kernels": "", "min_share": 0.0},
         note="no bundled or corpus trace repeats a kernel outside the exempt families; with the CUB "
-        "radix-sort passes no longer exempt, a corpus training trace shows what a finding looks like",
+        "radix-sort passes of a corpus training trace no longer exempt, and no share threshold, it reports them",
     ),
 )
 def check(con, params, ctx):

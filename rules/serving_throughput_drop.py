@@ -100,7 +100,9 @@ SERIES_SQL = "SELECT DISTINCT run_id, pid, tid FROM counters WHERE name = ? ORDE
     },
     example=Example(
         ("corpus/sglsetup__sglang.log", "corpus/energyllm__vllm_server.log"),
-        note="no queue grows while throughput falls in the corpus's SGLang and vLLM logs",
+        note="no queue grows while throughput falls in the corpus's SGLang and vLLM logs; "
+        "tests/test_rule_serving_throughput_drop.py reorders the SGLang log's own decode lines into the "
+        "positive case the Example above describes",
     ),
 )
 def check(con, params, ctx):
