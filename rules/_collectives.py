@@ -203,3 +203,74 @@ def cross_rank(con, ctx, world: dict[int, int | None]) -> dict[int, CrossRank]:
             entry.late[m.latest_peer_rank] = entry.late.get(m.latest_peer_rank, 0) + waited
             entry.skews.append(int(m.latest_peer_start_skew_ns))
     return out
+
+
+def collective_groups(
+    con, run_id: int, device: int, kernels: list, cross, top_n: int
+) -> tuple[list[dict], dict[int, int]]:
+    """The comm kernels grouped into collectives (kernel + collective metadata or annotation + stream),
+    most exposed first, and the exposed time per stream."""
+    # The nccl:<collective> annotation above each launch names the collective when the kernel's args do not.
+    annotations = dict(
+        con.execute(
+            """SELECT l.gpu_event_id, any_value(p.name) FROM launches l
+               JOIN runtime_calls r ON r.event_id = l.runtime_event_id
+               JOIN events p ON p.event_id = r.parent_id
+               WHERE l.run_id = $run_id AND l.device = $device AND p.kind = 'user_annotation'
+                 AND p.name LIKE 'nccl:%' AND l.gpu_kind = 'kernel'
+               GROUP BY l.gpu_event_id""",
+            {"run_id": run_id, "device": device},
+        ).fetchall()
+    )
+    groups: dict[tuple, dict] = {}
+    stream_exposed: dict[int, int] = {}
+    for k in kernels:
+        args = kernel_args(k.args)
+        meta = {key: args[key] for key in COLLECTIVE_KEYS if key in args}
+        if "Collective name" not in meta and k.event_id in annotations:
+            meta["annotation"] = annotations[k.event_id]
+        g = groups.setdefault(
+            (k.name, k.stream, json.dumps(meta, sort_keys=True)),
+            {"kernel": k.name, "stream": k.stream, **meta, "count": 0, "total_ns": 0, "overlapped_ns": 0,
+             "exposed_ns": 0, "wait_for_peers_ns": 0, "worst_event_id": k.event_id, "worst_exposed_ns": -1,
+             "worst_window_ns": [k.ts_ns, k.end_ns]},
+        )  # fmt: skip
+        g["count"] += 1
+        g["total_ns"] += k.dur_ns
+        g["overlapped_ns"] += k.overlapped_ns
+        g["exposed_ns"] += k.exposed_ns
+        if cross:
+            g["wait_for_peers_ns"] += min(cross.wait.get(k.event_id, 0), k.exposed_ns)
+        if k.exposed_ns > g["worst_exposed_ns"]:
+            g.update(worst_event_id=k.event_id, worst_exposed_ns=k.exposed_ns, worst_window_ns=[k.ts_ns, k.end_ns])
+        stream_exposed[k.stream] = stream_exposed.get(k.stream, 0) + k.exposed_ns
+    ranked = sorted(groups.values(), key=lambda g: (-g["exposed_ns"], g["kernel"], g["stream"]))
+    top = ranked[: max(1, int(top_n))]
+    for g in top:
+        nbytes = message_bytes(g)
+        if nbytes is not None:
+            g["message_bytes"] = nbytes
+        if not cross:
+            g.pop("wait_for_peers_ns")
+    return top, stream_exposed
+
+
+def launcher(con, ctx, run_id: int, worst: dict) -> dict:
+    """Who launched the worst instance of the top collective: the call, the nccl annotation, the
+    collective op and the outermost op on the thread, the Python frames. Fills in the collective
+    metadata that older traces keep on record_param_comms only."""
+    chain = launch_chain(con, run_id, worst["worst_event_id"])
+    ops = [c for c in chain if c.kind == "cpu_op" and c.name != "record_param_comms"]
+    if "Collective name" not in worst:
+        rpc = next((kernel_args(c.args) for c in chain if c.name == "record_param_comms"), {})
+        worst.update({k: rpc[k] for k in COLLECTIVE_KEYS if k in rpc})
+    annotation = next((c.name for c in chain if c.kind == "user_annotation" and c.name.startswith("nccl:")), None)
+    return {
+        "launch_event_id": chain[0].event_id if chain else None,
+        "call": chain[0].name if chain else None,
+        "annotation": annotation,
+        "op": ops[0] if ops else None,  # the collective op (c10d::allreduce_) or whatever op issued the launch
+        "outer": ops[-1] if ops else None,  # the outermost op on the thread: the model code's entry point
+        "code_path": ctx.code_path(chain[0].event_id) if chain else [],
+        "collective": worst.get("Collective name") or (annotation or "").removeprefix("nccl:") or None,
+    }

@@ -4,8 +4,12 @@ tests that tell a starved thread from an independent one (what H002 thread-starv
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from tracekit.engine.toolkit import one, rows
+
+# Window kinds in the order their names are reported: what the user wrote before the builtin inside it.
+KIND_PREFERENCE = {"user_annotation": 0, "cpu_op": 1, "python_function": 2}
 
 # Starts of these events are a thread's activity: Python frames, annotations, ops and CUDA calls.
 ACTIVITY_KINDS = ("python_function", "user_annotation", "cpu_op", "cuda_runtime", "cuda_driver")
@@ -245,3 +249,80 @@ def significance(row, params: dict) -> dict:
         "significant": rate_significant or handoff_significant,
         "observed_column": "handoff_share" if handoff_significant or ratio is None else "rate_ratio",
     }
+
+
+@dataclass
+class Candidate:
+    """One window op on thread A measured against thread B."""
+
+    key: tuple  # (strength, kind preference, -window time, op): smaller is stronger
+    stats: dict
+    kind: str
+    op: str
+    row: object
+    sql_params: dict
+
+
+def strongest_pairs(con, run_id: int, params, by_thread) -> list[tuple]:
+    """(pid, thread A, thread B, strongest candidate) for every pair of threads of one process."""
+    unit_names = units(con, run_id, params)
+    checked = threads(con, run_id, params)
+    pairs = []
+    for (pid, a_tid), ops in by_thread.items():
+        for b in checked:
+            if b.pid != pid or b.tid == a_tid:
+                continue
+            measured = [
+                _candidate(con, run_id, params, pid, a_tid, b.tid, c, unit_names)
+                for c in ops[: params["max_candidates"]]
+            ]
+            measured = [m for m in measured if m is not None]
+            if measured:
+                pairs.append((pid, a_tid, b.tid, _pick(measured)))
+    return pairs
+
+
+def _candidate(con, run_id, params, pid, a_tid, b_tid, c, unit_names) -> Candidate | None:
+    sql_params = {
+        "run_id": run_id,
+        "min_window_ns": params["min_window_ns"],
+        "pid": pid,
+        "window_tid": a_tid,
+        "window_kind": c.kind,
+        "window_op": c.op,
+        "thread_tid": b_tid,
+        "min_gap_ns": params["min_gap_ns"],
+        "handoff_ns": params["handoff_ns"],
+        "unit_name": unit_names.get((pid, b_tid)),
+    }
+    row = stats(con, sql_params)
+    if not row.windows or row.windows < params["min_windows"]:
+        return None
+    tests = significance(row, params)
+    if tests["rate_significant"]:
+        strength = round(row.rate_ratio, 1)
+    elif tests["handoff_significant"]:
+        strength = 1 + round(1 - row.handoff_share, 1)
+    else:
+        strength = 2.0  # nothing significant: report (with report_clear) the preferred kind
+    key = (strength, KIND_PREFERENCE[c.kind], -row.window_total_ns, c.op)
+    return Candidate(key, tests, c.kind, c.op, row, sql_params)
+
+
+def _pick(items: list[Candidate]) -> Candidate:
+    """The strongest window op for a pair; a Python builtin loses to a significant annotation or op around
+    it (about as many windows, at most 1.5x its time): the name the user wrote is the one to report."""
+    best = min(items, key=lambda c: c.key)
+    if best.kind == "python_function" and best.stats["significant"]:
+        windows, total = best.row.windows, best.row.window_total_ns
+        outer = [
+            c
+            for c in items
+            if c.kind != "python_function"
+            and c.stats["significant"]
+            and abs(c.row.windows - windows) <= 0.1 * windows
+            and total <= c.row.window_total_ns <= 1.5 * total
+        ]
+        if outer:
+            return min(outer, key=lambda c: c.key)
+    return best

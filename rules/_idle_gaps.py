@@ -11,6 +11,8 @@ itself is idle in the gap, so any device busy time there is other streams' work.
 
 from __future__ import annotations
 
+from tracekit.engine.toolkit import rows
+
 CAUSES = ("host", "other_gpu", "kernel_wait", "other")
 
 GAPS_SQL = """
@@ -84,3 +86,83 @@ SUMMARY_COLUMNS = """
 
 # One stream's summary, self-contained: G001's evidence query (idle_ns, the first column, is observed).
 STREAM_SQL = "SELECT" + SUMMARY_COLUMNS + "FROM (" + GAPS_SQL + ") g\nWHERE device = $device AND stream = $stream"
+
+# The per-finding detail queries read the run's gaps from a temp table built once per run: the gap
+# sweep is the expensive part, and the evidence query stays self-contained.
+GAPS_TABLE = "_g001_gaps"
+
+STREAMS_SQL = (
+    f"SELECT device, stream, {SUMMARY_COLUMNS} FROM {GAPS_TABLE} GROUP BY device, stream ORDER BY device, stream"
+)
+
+TOP_GAPS_SQL = (
+    "SELECT event_id, kind, name, prev_end, ts_ns, gap_ns, cause, runtime_event_id, runtime_name, other_busy_ns\n"
+    f"FROM {GAPS_TABLE} g\nWHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, event_id LIMIT $top"
+)
+
+# Host gaps grouped by what launched the activity after them: the launching thread and the
+# runtime call's parent (the op or Python frame that issued the launch).
+HOST_SITES_SQL = (
+    "SELECT g.launch_tid, coalesce(p.name, g.runtime_name) AS site, count(*) AS gaps, sum(g.gap_ns) AS idle_ns,\n"
+    "       arg_max(g.runtime_event_id, g.gap_ns) AS worst_runtime_event_id\n"
+    f"FROM {GAPS_TABLE} g\n"
+    "LEFT JOIN events r ON r.event_id = g.runtime_event_id LEFT JOIN events p ON p.event_id = r.parent_id\n"
+    "WHERE g.device = $device AND g.stream = $stream AND g.cause = 'host'\n"
+    "GROUP BY ALL ORDER BY idle_ns DESC, site LIMIT 3"
+)
+
+
+def stream_summaries(con, run_id: int, params) -> list:
+    """Per (device, stream) of the run: idle time by cause, exposed idle, gaps, the active window.
+    Builds the run's gap table, which the detail queries below read."""
+    con.execute(
+        f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {GAPS_SQL}",
+        {"run_id": run_id, "kernel_wait_ns": params["kernel_wait_ns"]},
+    )
+    return rows(con, STREAMS_SQL, {"short_gap_ns": params["short_gap_ns"]})
+
+
+def largest_gaps(con, ctx, where: dict, top: int) -> list[dict]:
+    """The stream's longest gaps, with the launch (call, op, code path) that ended each."""
+    largest = []
+    for g in rows(con, TOP_GAPS_SQL, {**where, "top": top}):
+        item = {
+            "window_ns": [int(g.prev_end), int(g.ts_ns)],
+            "gap_ns": int(g.gap_ns),
+            "cause": g.cause,
+            "next_activity": {"event_id": int(g.event_id), "kind": g.kind, "name": g.name},
+            "other_streams_busy_ns": int(g.other_busy_ns),
+        }
+        if g.runtime_event_id is not None:
+            # the outermost op (aten::linear rather than aten::addmm) names the model code
+            op = ctx.enclosing_op(g.runtime_event_id, outermost=True)
+            item["launch"] = {
+                "runtime_event_id": int(g.runtime_event_id),
+                "call": g.runtime_name,
+                "op": op.name if op else None,
+                "input_shapes": op.input_dims if op else None,
+                "code_path": ctx.code_path(g.runtime_event_id),
+            }
+        largest.append(item)
+    return largest
+
+
+def host_sites(con, ctx, run_id: int, where: dict) -> list[dict]:
+    """The call sites whose launches ended the most host-caused idle time."""
+    sites = []
+    for h in rows(con, HOST_SITES_SQL, where):
+        worst = h.worst_runtime_event_id
+        op = ctx.enclosing_op(worst, outermost=True)
+        sites.append(
+            {
+                "tid": h.launch_tid,
+                "thread_name": ctx.thread_name(run_id, ctx.pid_of(worst), h.launch_tid) if worst is not None else None,
+                "site": h.site,
+                "gaps": int(h.gaps),
+                "idle_ns": int(h.idle_ns),
+                "op": op.name if op else None,
+                "code_path": ctx.code_path(worst) if worst is not None else [],
+                "sample_runtime_event_id": int(worst) if worst is not None else None,
+            }
+        )
+    return sites

@@ -32,7 +32,7 @@ PARAMS = {
     "short_gap_ns": Param(100_000, "idle gaps up to this long are per-launch host overhead", "ns"),
     "tiny_kernel_ns": Param(10_000, "kernels shorter than this are tiny", "ns"),
     "min_run": Param(8, "consecutive tiny kernels on a stream that make a run", "kernels"),
-    **share_params("the GPU idle time inside the steps, as a share of the run window", critical=0.3, warning=0.1),
+    **share_params("the steps' GPU idle time over the run window", critical=0.3, warning=0.1),
 }
 
 # One row per (step instance, device) of run $run_id, with the step's GPU busy time and launch stats.

@@ -58,37 +58,12 @@ from __future__ import annotations
 from tracekit.engine.phrases import CUDA_GRAPH_RECIPE, rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
-from tracekit.engine.toolkit import locality, one, rows, user_frame
+from tracekit.engine.toolkit import locality, one, user_frame
 from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _idle_gaps
 from tracekit.units import duration
 
-# The per-finding detail queries read the run's gaps from a temp table built once per run: the gap
-# sweep is the expensive part, and the evidence query stays self-contained.
-GAPS_TABLE = "_g001_gaps"
-
 _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "kernel wait", "other": "other"}
-
-STREAMS_SQL = (
-    f"SELECT device, stream, {_idle_gaps.SUMMARY_COLUMNS} FROM {GAPS_TABLE} GROUP BY device, stream "
-    "ORDER BY device, stream"
-)
-
-TOP_GAPS_SQL = (
-    "SELECT event_id, kind, name, prev_end, ts_ns, gap_ns, cause, runtime_event_id, runtime_name, other_busy_ns\n"
-    f"FROM {GAPS_TABLE} g\nWHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, event_id LIMIT $top"
-)
-
-# Host gaps grouped by what launched the activity after them: the launching thread and the
-# runtime call's parent (the op or Python frame that issued the launch).
-HOST_SITES_SQL = (
-    "SELECT g.launch_tid, coalesce(p.name, g.runtime_name) AS site, count(*) AS gaps, sum(g.gap_ns) AS idle_ns,\n"
-    "       arg_max(g.runtime_event_id, g.gap_ns) AS worst_runtime_event_id\n"
-    f"FROM {GAPS_TABLE} g\n"
-    "LEFT JOIN events r ON r.event_id = g.runtime_event_id LEFT JOIN events p ON p.event_id = r.parent_id\n"
-    "WHERE g.device = $device AND g.stream = $stream AND g.cause = 'host'\n"
-    "GROUP BY ALL ORDER BY idle_ns DESC, site LIMIT 3"
-)
 
 
 @rule(
@@ -111,11 +86,7 @@ def check(con, params, ctx):
     for run in ctx.runs:
         if run.window_ns <= 0:
             continue
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {_idle_gaps.GAPS_SQL}",
-            {"run_id": run.run_id, "kernel_wait_ns": params["kernel_wait_ns"]},
-        )
-        streams = rows(con, STREAMS_SQL, {"short_gap_ns": params["short_gap_ns"]})
+        streams = _idle_gaps.stream_summaries(con, run.run_id, params)
         if not streams:
             continue
         graph_launches = ctx.graph_launches(run.run_id)
@@ -156,52 +127,6 @@ def _stream_brief(s) -> dict:
         "exposed_idle_ns": int(s.exposed_ns),
         "host_ns": int(s.host_ns),
     }
-
-
-def _largest_gaps(con, ctx, params, where) -> list[dict]:
-    largest = []
-    for g in rows(con, TOP_GAPS_SQL, {**where, "top": params["top_gaps"]}):
-        item = {
-            "window_ns": [int(g.prev_end), int(g.ts_ns)],
-            "gap_ns": int(g.gap_ns),
-            "cause": g.cause,
-            "next_activity": {"event_id": int(g.event_id), "kind": g.kind, "name": g.name},
-            "other_streams_busy_ns": int(g.other_busy_ns),
-        }
-        if g.runtime_event_id is not None:
-            # the outermost op (aten::linear rather than aten::addmm) names the model code
-            op = ctx.enclosing_op(g.runtime_event_id, outermost=True)
-            item["launch"] = {
-                "runtime_event_id": int(g.runtime_event_id),
-                "call": g.runtime_name,
-                "op": op.name if op else None,
-                "input_shapes": op.input_dims if op else None,
-                "code_path": ctx.code_path(g.runtime_event_id),
-            }
-        largest.append(item)
-    return largest
-
-
-def _host_sites(con, ctx, run, where) -> list[dict]:
-    sites = []
-    for h in rows(con, HOST_SITES_SQL, where):
-        worst = h.worst_runtime_event_id
-        op = ctx.enclosing_op(worst, outermost=True)
-        sites.append(
-            {
-                "tid": h.launch_tid,
-                "thread_name": ctx.thread_name(run.run_id, ctx.pid_of(worst), h.launch_tid)
-                if worst is not None
-                else None,
-                "site": h.site,
-                "gaps": int(h.gaps),
-                "idle_ns": int(h.idle_ns),
-                "op": op.name if op else None,
-                "code_path": ctx.code_path(worst) if worst is not None else [],
-                "sample_runtime_event_id": int(worst) if worst is not None else None,
-            }
-        )
-    return sites
 
 
 def _caveats(s, graph_launches: int) -> tuple[list[str], float]:
@@ -278,8 +203,8 @@ def _explain(s, split, dominant, params, graph_launches, site_text, device) -> t
 
 def _finding(con, ctx, run, params, s, graph_launches, others):
     where = {"device": s.device, "stream": s.stream}
-    largest = _largest_gaps(con, ctx, params, where)
-    host_sites = _host_sites(con, ctx, run, where)
+    largest = _idle_gaps.largest_gaps(con, ctx, where, params["top_gaps"])
+    host_sites = _idle_gaps.host_sites(con, ctx, run.run_id, where)
     idle, active = int(s.idle_ns), _active_ns(s)
     share, exposed_share = idle / active, s.exposed_ns / active
     split = {c: int(getattr(s, f"{c}_ns")) for c in _idle_gaps.CAUSES}

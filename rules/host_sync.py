@@ -56,9 +56,7 @@ from tracekit.units import duration
         "min_calls": Param(3, "a site must repeat at least this often", "calls"),
         "min_share": Param(0.005, "smallest share of the run window worth reporting", "ratio"),
         "small_htod_bytes": Param(65536, "sync HtoD copies up to this size are exempt", "bytes"),
-        **share_params(
-            "the GPU idle time after a site's calls, as a share of the run window", critical=0.10, warning=0.02
-        ),
+        **share_params("the GPU idle time after the site's calls over the run window", critical=0.10, warning=0.02),
     },
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )

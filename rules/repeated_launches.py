@@ -96,7 +96,7 @@ def _skipped(name: str, patterns: list[str]) -> bool:
             "comma-separated kernel name substrings that launch once per pass or per tensor",
             "patterns",
         ),
-        **share_params("a site's repeat GPU time, as a share of the run window", critical=0.10, warning=0.02),
+        **share_params("the site's repeat GPU time over the run window", critical=0.10, warning=0.02),
     },
     example=Example(
         ("corpus/hta__trace_diff__control.json.gz",),

@@ -7,7 +7,8 @@ of tiles while DRAM bytes stay flat, every tile repeats work that does not depen
 normalization, a gate, a reduction over K): the finding reports the repeated share at the finest
 tiling. It then classifies the kernel from its speed-of-light metrics (NVIDIA's thresholds:
 compute-, memory- or latency-bound) and says whether removing the repetition is expected to pay:
-only a compute-bound kernel gets faster when it executes fewer instructions.
+only a compute-bound kernel gets faster when it executes fewer instructions. The finding is a
+warning when the kernel is compute-bound, an info otherwise (no threshold: the verdict decides).
 
 ## Why it matters
 Tiling over an output dimension is how a kernel gets enough programs to fill the GPU, but any

@@ -78,8 +78,6 @@ than outside (the main thread's Python is out of its way) and nothing is reporte
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tracekit.engine.phrases import rerun, thread_label
 from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.toolkit import locality
@@ -87,21 +85,8 @@ from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _gil_windows
 from tracekit.units import duration
 
-KIND_PREFERENCE = {"user_annotation": 0, "cpu_op": 1, "python_function": 2}
 # the in/out rate ratio a fix must reach: the in-window rate within 20% of the outside rate
 ACCEPTED_RATIO = 0.8
-
-
-@dataclass
-class Candidate:
-    """One window op on thread A measured against thread B."""
-
-    key: tuple  # (strength, kind preference, -window time, op): smaller is stronger
-    stats: dict
-    kind: str
-    op: str
-    row: object
-    sql_params: dict
 
 
 @rule(
@@ -137,7 +122,7 @@ def check(con, params, ctx):
         by_thread = _gil_windows.candidates(con, run.run_id, params)
         if not by_thread:
             continue
-        pairs = _measure_pairs(con, run, params, by_thread)
+        pairs = _gil_windows.strongest_pairs(con, run.run_id, params, by_thread)
         significant = {(pid, a, b): best.key[0] for pid, a, b, best in pairs if best.stats["significant"]}
         for pid, a_tid, b_tid, best in pairs:
             reverse = significant.get((pid, b_tid, a_tid))
@@ -147,75 +132,11 @@ def check(con, params, ctx):
                 yield _finding(con, params, ctx, run, pid, a_tid, b_tid, best)
 
 
-def _measure_pairs(con, run, params, by_thread) -> list[tuple]:
-    """(pid, thread A, thread B, strongest candidate) for every pair of threads of one process."""
-    units = _gil_windows.units(con, run.run_id, params)
-    threads = _gil_windows.threads(con, run.run_id, params)
-    pairs = []
-    for (pid, a_tid), ops in by_thread.items():
-        for b in threads:
-            if b.pid != pid or b.tid == a_tid:
-                continue
-            measured = [
-                _candidate(con, run, params, pid, a_tid, b.tid, c, units) for c in ops[: params["max_candidates"]]
-            ]
-            measured = [m for m in measured if m is not None]
-            if measured:
-                pairs.append((pid, a_tid, b.tid, _pick(measured)))
-    return pairs
-
-
-def _candidate(con, run, params, pid, a_tid, b_tid, c, units) -> Candidate | None:
-    sql_params = {
-        "run_id": run.run_id,
-        "min_window_ns": params["min_window_ns"],
-        "pid": pid,
-        "window_tid": a_tid,
-        "window_kind": c.kind,
-        "window_op": c.op,
-        "thread_tid": b_tid,
-        "min_gap_ns": params["min_gap_ns"],
-        "handoff_ns": params["handoff_ns"],
-        "unit_name": units.get((pid, b_tid)),
-    }
-    row = _gil_windows.stats(con, sql_params)
-    if not row.windows or row.windows < params["min_windows"]:
-        return None
-    stats = _gil_windows.significance(row, params)
-    if stats["rate_significant"]:
-        strength = round(row.rate_ratio, 1)
-    elif stats["handoff_significant"]:
-        strength = 1 + round(1 - row.handoff_share, 1)
-    else:
-        strength = 2.0  # nothing significant: report (with report_clear) the preferred kind
-    key = (strength, KIND_PREFERENCE[c.kind], -row.window_total_ns, c.op)
-    return Candidate(key, stats, c.kind, c.op, row, sql_params)
-
-
-def _pick(items: list[Candidate]) -> Candidate:
-    """The strongest window op for a pair; a Python builtin loses to a significant annotation or op around
-    it (about as many windows, at most 1.5x its time): the name the user wrote is the one to report."""
-    best = min(items, key=lambda c: c.key)
-    if best.kind == "python_function" and best.stats["significant"]:
-        windows, total = best.row.windows, best.row.window_total_ns
-        outer = [
-            c
-            for c in items
-            if c.kind != "python_function"
-            and c.stats["significant"]
-            and abs(c.row.windows - windows) <= 0.1 * windows
-            and total <= c.row.window_total_ns <= 1.5 * total
-        ]
-        if outer:
-            return min(outer, key=lambda c: c.key)
-    return best
-
-
 def _p_text(p: float) -> str:
     return f"{p:.1e}" if p < 0.001 else f"{p:.3f}"
 
 
-def _lost_ns(best: Candidate) -> int:
+def _lost_ns(best: _gil_windows.Candidate) -> int:
     """The starved thread's time lost to the windows: its idle time inside them when the handoff test
     carries the pair, else the windows' time scaled by how much slower it ran there."""
     row = best.row
@@ -224,7 +145,7 @@ def _lost_ns(best: Candidate) -> int:
     return int(max(0.0, int(row.window_total_ns) * (1 - row.rate_ratio)))
 
 
-def _severity(best: Candidate, share: float, params) -> str:
+def _severity(best: _gil_windows.Candidate, share: float, params) -> str:
     if not best.stats["significant"]:
         return "info"
     ratio = best.row.rate_ratio
@@ -232,7 +153,7 @@ def _severity(best: Candidate, share: float, params) -> str:
     return "critical" if strong and share >= params["critical_share"] else "warning"
 
 
-def _measurements(best: Candidate, params, a_short: str) -> str:
+def _measurements(best: _gil_windows.Candidate, params, a_short: str) -> str:
     """The numbers behind the verdict, in words: rates, idle gaps, units of work."""
     row, op = best.row, best.op
     text = (
@@ -258,7 +179,7 @@ def _measurements(best: Candidate, params, a_short: str) -> str:
     return text
 
 
-def _observed(best: Candidate, params, a_short: str, b_short: str) -> tuple[Quantity, Quantity, str]:
+def _observed(best: _gil_windows.Candidate, params, a_short: str, b_short: str) -> tuple[Quantity, Quantity, str]:
     """(observed, expected, title) for the evidence column that carries the pair."""
     row, op, stats = best.row, best.op, best.stats
     p = _p_text(stats["p_value"])
@@ -301,7 +222,7 @@ def _observed(best: Candidate, params, a_short: str, b_short: str) -> tuple[Quan
     return observed, expected, title
 
 
-def _caveats(best: Candidate) -> list[str]:
+def _caveats(best: _gil_windows.Candidate) -> list[str]:
     row = best.row
     handoff = (
         [
@@ -321,7 +242,7 @@ def _caveats(best: Candidate) -> list[str]:
     ]
 
 
-def _finding(con, params, ctx, run, pid, a_tid, b_tid, best: Candidate):
+def _finding(con, params, ctx, run, pid, a_tid, b_tid, best: _gil_windows.Candidate):
     row, op, kind, stats = best.row, best.op, best.kind, best.stats
     a_name = ctx.thread_name(run.run_id, pid, a_tid)
     b_name = ctx.thread_name(run.run_id, pid, b_tid)

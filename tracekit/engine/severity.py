@@ -13,8 +13,8 @@ from tracekit.engine.registry import Param
 def share_params(measure: str, critical: float, warning: float) -> dict[str, Param]:
     """The two thresholds of a ladder on one share: `critical_share` and `warning_share`."""
     return {
-        "critical_share": Param(critical, f"severity critical when {measure} is at least this", "ratio"),
-        "warning_share": Param(warning, f"severity warning when {measure} is at least this (else info)", "ratio"),
+        "critical_share": Param(critical, f"critical when {measure} is at least this", "ratio"),
+        "warning_share": Param(warning, f"warning when {measure} is at least this, else info", "ratio"),
     }
 
 
