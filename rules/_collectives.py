@@ -190,8 +190,12 @@ def cross_rank(con, ctx, world: dict[int, int | None]) -> dict[int, CrossRank]:
         )
         per_pg: dict[str, list] = {}
         for c in counts:
-            per_pg.setdefault(c.pg, []).append((c.kernels, c.devices))
-        if not per_pg or any(len(v) != len(runs) or len(set(v)) != 1 or v[0][1] != 1 for v in per_pg.values()):
+            per_pg.setdefault(c.pg, []).append(c)
+        if not per_pg or any(
+            len(ranks_of_pg) != len(runs)
+            or {(c.kernels, c.devices) for c in ranks_of_pg} != {(ranks_of_pg[0].kernels, 1)}
+            for ranks_of_pg in per_pg.values()
+        ):
             continue  # collective counts differ per rank (traces cover different steps) or a rank has 2 devices
         matched = rows(con, CROSS_RANK_SQL, {"run_ids": ids})
         if not matched or sum(1 for m in matched if m.overlaps_peers) < 0.9 * len(matched):

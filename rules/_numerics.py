@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 from tracekit.engine.registry import Param
+from tracekit.engine.toolkit import rows
 
 TF32_NAMES = ("tf32", "default", "high")
 EXACT_NAMES = ("tf32x3", "ieee", "highest")
@@ -59,4 +60,4 @@ def conditions(row, keys=("precision", "dtype", "variant", "partitions")) -> dic
 
 
 def runs_with_numerics(con) -> list[int]:
-    return [r[0] for r in con.execute("SELECT DISTINCT run_id FROM numerics ORDER BY 1").fetchall()]
+    return [r.run_id for r in rows(con, "SELECT DISTINCT run_id FROM numerics ORDER BY run_id")]

@@ -358,7 +358,6 @@ def finding(
     g, launches, steps = group.row, group.launches, group.steps
     top = group.top_ops[0] if group.top_ops else None
     caveats, confidence = _caveats(group, params)
-    thread = ctx.thread_name(run.run_id, g.pid, g.tid) if g.tid is not None else None
     return Finding(
         rule=code,
         severity=by_share(group.idle_ns / run.window_ns, params),
@@ -369,9 +368,7 @@ def finding(
         ),
         locality=locality(
             run,
-            pid=g.pid,
-            tid=g.tid,
-            thread_name=thread,
+            **ctx.thread(run.run_id, g.pid, g.tid),
             device=int(g.device),
             step=g.step,
             op=top["op"] if top else None,

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
-from tracekit.engine.toolkit import locality, rows
+from tracekit.engine.toolkit import locality, one, rows
 from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _collectives
 from tracekit.units import duration
@@ -100,7 +100,7 @@ def _unrecognised_collectives(con, ctx, world, with_comm):
     for run in ctx.runs:
         if run.run_id in with_comm or (world.get(run.run_id) or 1) <= 1:
             continue
-        if con.execute("SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = ?)", [run.run_id]).fetchone()[0]:
+        if one(con, "SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = ?) AS found", [run.run_id]).found:
             yield DataQuality(
                 "C001",
                 f"run {run.run_id} ({run.label}) has world_size {world[run.run_id]} but no kernel named "

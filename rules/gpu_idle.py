@@ -99,7 +99,7 @@ def check(con, params, ctx):
             if s is max(same_device, key=lambda o: (o.activities, -o.stream)):
                 others = [_stream_brief(o) for o in same_device if o is not s]
                 yield _finding(con, ctx, run, params, s, graph_launches, others)
-        if not one(con, "SELECT EXISTS (SELECT 1 FROM launches WHERE run_id = ?) AS any", [run.run_id]).any:
+        if not one(con, "SELECT EXISTS (SELECT 1 FROM launches WHERE run_id = ?) AS found", [run.run_id]).found:
             yield DataQuality(
                 "G001",
                 "gpu-idle: no runtime call correlates with GPU work (launches is empty), so no gap is "
@@ -212,7 +212,8 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
     site_text = ""
     if host_sites:
         h = host_sites[0]
-        site_text = f" The largest share of host gaps ends at launches from {h['site']} ({user_frame(h['code_path']) or h['op'] or h['site']})."
+        frame = user_frame(h["code_path"]) or h["op"] or h["site"]
+        site_text = f" The largest share of host gaps ends at launches from {h['site']} ({frame})."
     hypothesis, next_experiment = _explain(s, split, dominant, params, graph_launches, site_text, s.device)
     caveats, confidence = _caveats(s, graph_launches)
     by_cause = ", ".join(f"{label} {split[c] / idle:.0%}" for c, label in _CAUSE_LABELS.items())
@@ -245,7 +246,7 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
             **where,
             "kernel_wait_ns": params["kernel_wait_ns"],
             "short_gap_ns": params["short_gap_ns"],
-        },  # fmt: skip
+        },
         sample_event_ids=[g["next_activity"]["event_id"] for g in largest],
         hypothesis=hypothesis,
         next_experiment=next_experiment,

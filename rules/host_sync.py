@@ -93,9 +93,7 @@ def _finding(ctx, run, params, s) -> Finding:
         ),
         locality=locality(
             run,
-            pid=s.pid,
-            tid=s.tid,
-            thread_name=ctx.thread_name(run.run_id, s.pid, s.tid),
+            **ctx.thread(run.run_id, s.pid, s.tid),
             op=s.site,
             code_path=ctx.code_path(s.worst_event_id),
             window_ns=[s.first_ns, s.last_ns],

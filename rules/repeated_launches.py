@@ -162,9 +162,7 @@ def _finding(run, ctx, params, v) -> Finding:
         ),
         locality=locality(
             run,
-            pid=pid,
-            tid=tid,
-            thread_name=ctx.thread_name(run.run_id, pid, tid) if pid is not None and tid is not None else None,
+            **ctx.thread(run.run_id, pid, tid),
             device=_only(v.devices),
             stream=_only(v.streams),
             op=op,

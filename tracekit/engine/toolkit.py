@@ -83,6 +83,11 @@ class Context:
         ).fetchone()
         return row[0] if row else None
 
+    def thread(self, run_id: int, pid: int | None, tid: int | None) -> dict:
+        """The thread keys of a locality: pid, tid and the thread's name when both ids are known."""
+        name = self.thread_name(run_id, pid, tid) if pid is not None and tid is not None else None
+        return {"pid": pid, "tid": tid, "thread_name": name}
+
     def pid_of(self, event_id: int) -> int | None:
         row = self.con.execute("SELECT pid FROM events WHERE event_id = ?", [event_id]).fetchone()
         return row[0] if row else None
