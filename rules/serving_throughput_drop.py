@@ -20,7 +20,7 @@ period also reads low, because the server averages over the idle time.
 
 ## Example
 An SGLang Llama-3.2-3B server (sglsetup corpus log, lines reordered into one sequence, see
-tests/test_rule_serving_throughput.py): three decode batches at 75.6 tok/s with a mean queue of
+tests/test_rule_serving_throughput_drop.py): three decode batches at 75.6 tok/s with a mean queue of
 0.33, then a batch at 0.09 tok/s with 1 request queued and token usage 0.97: the first request's 24k
 tokens fill the KV cache while the second request's 22.7k-token prompt waits (as in the original log).
 
