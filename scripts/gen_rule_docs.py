@@ -41,7 +41,9 @@ class MissingInput(Exception):
 
 
 def _path(name: str) -> Path:
-    path = CORPUS / name.removeprefix(CORPUS_PREFIX) if name.startswith(CORPUS_PREFIX) else ROOT / "sample_traces" / name
+    path = (
+        CORPUS / name.removeprefix(CORPUS_PREFIX) if name.startswith(CORPUS_PREFIX) else ROOT / "sample_traces" / name
+    )
     if not path.exists():
         raise MissingInput(f"example input {name} not found at {path}")
     return path

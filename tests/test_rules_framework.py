@@ -74,9 +74,9 @@ def test_two_modules_with_one_code_fail(tmp_path, monkeypatch):
 
 
 def _documented_options(rule) -> dict[str, str]:
-    """`- `name` (default): ...` bullets of the Options section, name -> the default as written."""
+    """`- `name` (default): ...` bullets of the Options section, name -> the default as written ("" if none)."""
     options = rule.doc.split("## Options", 1)[1]
-    return dict(re.findall(r"^- `([a-z0-9_]+)` \(([^)]*)\)", options, re.M))
+    return dict(re.findall(r"^- `([a-z0-9_]+)`(?: \(([^)]*)\))?", options, re.M))
 
 
 def _same_default(written: str, default) -> bool:
@@ -98,6 +98,7 @@ def test_rule_doc_has_the_fixed_form_and_documents_exactly_its_options(rule):
         f"not options {sorted(set(documented) - set(rule.params))}"
     )
     for name, written in documented.items():
+        assert written, f"{rule.code}.{name}: the doc gives no default"
         assert _same_default(written, rule.params[name].default), f"{rule.code}.{name}: doc says {written}"
     assert re.fullmatch(r"[A-Z]+[0-9]{3}", rule.code)
     assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", rule.name)
