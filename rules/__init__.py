@@ -1,5 +1,5 @@
-"""Rules, one module each (importable as tracekit.rules). The registry lives in tracekit.rules_api."""
+"""Rules, one module each, named after the rule (importable as tracekit.rules).
 
-from tracekit.engine.registry import DataQuality, Param, Rule, all_rules, get_rule, rule
-
-__all__ = ["DataQuality", "Param", "Rule", "all_rules", "get_rule", "rule"]
+tracekit.engine.registry finds them by walking this package; modules whose name starts with `_`
+hold what several rules share (measurements, helpers) and define no rule.
+"""

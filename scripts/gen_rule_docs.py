@@ -1,32 +1,26 @@
 """Write docs/rules.md from the rules' docstrings and a real finding of each (`make docs`).
 
-Every rule's page has one form: what it detects, why it matters, example, options (the docstring),
-then the evidence query and an example finding produced by running the rule on a trace or report
-in sample_traces/ (so the example is real and cannot drift: tests fail when this file is stale).
+Every rule's page has one form: the code/name/status line, what it does, why it matters, example,
+options (the docstring), the options table, then the evidence query and the finding the rule gives
+on the real input its module names (`Example`), so the example cannot drift: tests fail when this
+file is stale. Where the defaults report nothing on any bundled input, the rule names the options
+that show its nearest real output, and the page says so.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
-from tracekit.engine.registry import all_rules
+from tracekit.engine.registry import Rule, all_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "docs" / "rules.md"
+CORPUS = Path(os.environ.get("TRACEKIT_CORPUS", ROOT.parent / "shared" / "corpus"))
+CORPUS_PREFIX = "corpus/"
 
-# The sample input whose finding illustrates each rule (files in sample_traces/).
-EXAMPLES = {
-    "C001": ("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz"),
-    "G001": ("gpu_prefill_decode_eager.json.gz",),
-    "G002": ("gpu_prefill_decode_eager.json.gz",),
-    "H001": ("gpu_prefill_decode_eager.json.gz",),
-    "H002": ("gil_hold.json.gz",),
-    "K001": ("ncu_tiles_repeated_heavy.csv",),
-    "K002": (),
-    "N001": ("numerics_tf32.csv",),
-}
 # Fields of the example finding shown in the docs (the full record is in docs/findings.md).
 SHOWN = (
     "id",
@@ -42,21 +36,73 @@ SHOWN = (
 )
 
 
-def example(code: str) -> dict | None:
+class MissingInput(Exception):
+    """An example input is not on this machine (the corpus lives outside the repository)."""
+
+
+def _path(name: str) -> Path:
+    path = (
+        CORPUS / name.removeprefix(CORPUS_PREFIX) if name.startswith(CORPUS_PREFIX) else ROOT / "sample_traces" / name
+    )
+    if not path.exists():
+        raise MissingInput(f"example input {name} not found at {path}")
+    return path
+
+
+def _shown_name(name: str) -> str:
+    return name if name.startswith(CORPUS_PREFIX) else f"sample_traces/{name}"
+
+
+def example(rule: Rule) -> dict | None:
+    """The top finding of the rule on its example input, with the example's options; None when it reports nothing."""
     import tracekit
 
-    files = [ROOT / "sample_traces" / f for f in EXAMPLES.get(code, ())]
-    if not files or not all(f.exists() for f in files):
-        return None
-    with tracekit.open(*files) as trace:
-        findings = trace.finding_records([code])  # ranked, as in the report
+    params = {rule.code: rule.example.params} if rule.example.params else None
+    with tracekit.open(*[_path(n) for n in rule.example.inputs]) as trace:
+        findings = trace.finding_records([rule.code], params)  # ranked, as in the report
     if not findings:
         return None
     top = findings[0]
     top["locality"] = {k: v for k, v in top["locality"].items() if k != "run_id"}
-    for key in ("source",):
-        top.pop(key, None)
-    return {"inputs": [f.name for f in files], "finding": top}
+    return top
+
+
+def _example_section(rule: Rule) -> list[str]:
+    ex = rule.example
+    inputs = ", ".join(f"`{_shown_name(n)}`" for n in ex.inputs)
+    options = ", ".join(f"`{k}={v!r}`" for k, v in ex.params.items())
+    found = example(rule)
+    if found is None:
+        return [
+            "### Example finding",
+            "",
+            f"None: {rule.code} reports nothing on any bundled input ({ex.note}). Its output on {inputs}"
+            + (f" with {options}" if options else "")
+            + " is empty.",
+        ]
+    parts = []
+    if ex.params:
+        parts += [
+            f"The defaults report nothing on any bundled input ({ex.note}); the nearest real output, with {options}:",
+            "",
+        ]
+    shown = {k: found[k] for k in SHOWN}
+    return [
+        "### Evidence query (run with `tracekit sql DB QUERY -p name value` for each parameter)",
+        "",
+        "```sql",
+        found["evidence"]["sql"],
+        "```",
+        "",
+        f"### Example finding (from {inputs})",
+        "",
+        *parts,
+        "```json",
+        json.dumps(shown, indent=2, default=str),
+        "```",
+        "",
+        f"Evidence parameters: `{json.dumps(found['evidence']['params'], default=str)}`",
+    ]
 
 
 def render() -> str:
@@ -70,37 +116,22 @@ def render() -> str:
         parts += [
             f"## {r.code} {r.name}",
             "",
-            f"*{r.title}* ({r.category}; {r.status} since {r.since}; needs {', '.join(r.requires)})",
+            f"*{r.title}* ({r.category}; {r.status} since {r.since}; needs {', '.join(r.requires)}; "
+            f"`rules/{r.module.rsplit('.', 1)[1]}.py`)",
             "",
         ]
         parts += ["#" + line if line.startswith("##") else line for line in r.doc.splitlines()]
         parts += ["", "| option | default | unit | meaning |", "|---|---|---|---|"]
         parts += [f"| `{k}` | {p.default!r} | {p.unit} | {p.help} |" for k, p in r.params.items()]
-        found = example(r.code)
-        if found:
-            f = found["finding"]
-            shown = {k: f[k] for k in SHOWN}
-            parts += [
-                "",
-                "### Evidence query (run with `tracekit sql DB QUERY -p name value` for each parameter)",
-                "",
-                "```sql",
-                f["evidence"]["sql"],
-                "```",
-                "",
-                f"### Example finding (from `sample_traces/{'`, `sample_traces/'.join(found['inputs'])}`)",
-                "",
-                "```json",
-                json.dumps(shown, indent=2, default=str),
-                "```",
-                "",
-                f"Evidence parameters: `{json.dumps(f['evidence']['params'], default=str)}`",
-            ]
-        parts.append("")
+        parts += ["", *_example_section(r), ""]
     return "\n".join(parts)
 
 
 if __name__ == "__main__":
+    try:
+        text = render()
+    except MissingInput as e:
+        sys.exit(f"cannot render docs/rules.md: {e} (set TRACEKIT_CORPUS)")
     if "--check" in sys.argv:
-        sys.exit(0 if OUT.read_text() == render() else "docs/rules.md is stale: run `make docs`")
-    OUT.write_text(render())
+        sys.exit(0 if OUT.read_text() == text else "docs/rules.md is stale: run `make docs`")
+    OUT.write_text(text)

@@ -12,6 +12,7 @@ import tracekit.rules.gpu_idle as gpu_idle
 from tracekit.engine.registry import get_rule
 from tracekit.findings.model import SEVERITY_RANK, json_schema
 from tracekit.ingest.pipeline import ingest
+from tracekit.rules._idle_gaps import CAUSES
 
 from .conftest import corpus, evidence, run_rule, sample, trace
 
@@ -101,7 +102,7 @@ def test_evidence_reproduces_observed_and_the_split_adds_up(loaded, names):
         ev = evidence(con, f)
         assert ev["idle_ns"] == f.observed.value > 0
         assert ev["host_ns"] + ev["other_gpu_ns"] + ev["kernel_wait_ns"] + ev["other_ns"] == ev["idle_ns"]
-        assert {k: ev[f"{k}_ns"] for k in gpu_idle.CAUSES} == f.extra["idle_by_cause_ns"]
+        assert {k: ev[f"{k}_ns"] for k in CAUSES} == f.extra["idle_by_cause_ns"]
         assert 0 <= ev["exposed_ns"] <= ev["idle_ns"] and ev["exposed_ns"] == f.impact_ns
         assert ev["idle_ns"] < ev["last_ns"] - ev["first_ns"] == f.window_ns
         assert ev["gaps"] == f.extra["gaps"] and ev["host_gaps"] <= ev["gaps"] < ev["activities"]
@@ -134,7 +135,7 @@ def _independent(con, run_id, device, stream, kernel_wait_ns):
             i += 1
         return total
 
-    split = dict.fromkeys(gpu_idle.CAUSES, 0)
+    split = dict.fromkeys(CAUSES, 0)
     prev_end = None
     for event_id, s_, ts, end, launch_end in sorted((a for a in acts if a[1] == stream), key=lambda a: (a[2], a[0])):
         if prev_end is not None and ts > prev_end:

@@ -14,7 +14,6 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-import tracekit.rules.thread_starvation  # noqa: F401  (registers H002 until it is in RULE_MODULES)
 from tests.conftest import ROOT, corpus, evidence, run_rule, sample
 from tracekit import db
 from tracekit.findings.model import json_schema

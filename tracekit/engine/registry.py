@@ -1,29 +1,24 @@
-"""Rule registry: each module in tracekit.rules registers one rule with @rule.
+"""Rule registry: every module of the rules package defines one rule with @rule, found by walking the package.
 
-A rule module's docstring is its documentation, under fixed headings (## What it does, ## Why it
-matters, ## Example, ## Options); `tracekit rules show CODE` prints it and a test checks the form.
-A rule reads tables, never files; when its inputs are missing it returns a DataQuality note, not a finding.
+A rule module is named after its rule (`gpu-idle` lives in gpu_idle.py); modules whose name starts
+with `_` hold what several rules share and define none. The module docstring is the rule's
+documentation, under fixed headings (## What it does, ## Why it matters, ## Example, ## Options);
+`tracekit rules show CODE` prints it and a test checks the form. A rule reads tables, never files;
+when its inputs are missing it returns a DataQuality note, not a finding.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-RULE_MODULES = (
-    "comm_overlap",
-    "duplicate_launches",
-    "gpu_idle",
-    "host_sync",
-    "launch_bound",
-    "numerics_drift",
-    "repeated_tile_work",
-    "serving_throughput",
-    "thread_starvation",
-)
+# Named, not imported: the rules sit above the engine, which must not depend on them.
+RULES_PACKAGE = "tracekit.rules"
+_RULE_ATTRIBUTE = "__tracekit_rule__"
 
 
 @dataclass(frozen=True)
@@ -31,6 +26,17 @@ class Param:
     default: Any
     help: str
     unit: str = ""
+
+
+@dataclass(frozen=True)
+class Example:
+    """The real input whose finding docs/rules.md shows for a rule: files in sample_traces/, or in the
+    corpus when named `corpus/<file>`. `params` are set where the defaults report nothing on any
+    bundled input, so the page shows the nearest real output; `note` says why."""
+
+    inputs: tuple[str, ...]
+    params: dict = field(default_factory=dict)
+    note: str = ""
 
 
 @dataclass
@@ -58,7 +64,7 @@ class Rule:
     module: str = ""
     status: str = "preview"
     since: str = "0.1.0"
-    extra: dict = field(default_factory=dict)
+    example: Example | None = None
 
     def resolve_params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         values = {k: p.default for k, p in self.params.items()}
@@ -103,36 +109,67 @@ def _coerce(default: Any, raw: Any, where: str) -> Any:
         raise ValueError(f"{where}: expected a {type(default).__name__}, got {raw!r}") from None
 
 
-_REGISTRY: dict[str, Rule] = {}
+def rule(
+    code: str,
+    name: str,
+    title: str,
+    category: str,
+    requires: tuple[str, ...],
+    params: dict[str, Param],
+    example: Example | None = None,
+):
+    """Mark the decorated `check(con, params, ctx)` as its module's rule; the module docstring is its doc."""
 
-
-def rule(code: str, name: str, title: str, category: str, requires: tuple[str, ...], params: dict[str, Param]):
-    """Register the decorated `check(con, params, ctx)` as a rule; the module docstring is its doc."""
-
-    def register(fn):
-        module = importlib.import_module(fn.__module__)
-        if code in _REGISTRY and _REGISTRY[code].check is not fn:
-            raise ValueError(f"rule code {code} registered twice")
-        _REGISTRY[code] = Rule(
-            code=code,
-            name=name,
-            title=title,
-            category=category,
-            requires=tuple(requires),
-            params=dict(params),
-            check=fn,
-            doc=(module.__doc__ or "").strip(),
-            module=fn.__module__,
+    def mark(fn):
+        module = importlib.import_module(fn.__module__)  # still executing: its docstring is already set
+        setattr(
+            fn,
+            _RULE_ATTRIBUTE,
+            Rule(
+                code=code,
+                name=name,
+                title=title,
+                category=category,
+                requires=tuple(requires),
+                params=dict(params),
+                check=fn,
+                doc=(module.__doc__ or "").strip(),
+                module=fn.__module__,
+                example=example,
+            ),
         )
         return fn
 
-    return register
+    return mark
+
+
+def rules_of(module) -> list[Rule]:
+    """The rules a module defines itself (a check imported from elsewhere is not one of them)."""
+    found = (getattr(v, _RULE_ATTRIBUTE, None) for v in vars(module).values() if callable(v))
+    return [r for r in found if isinstance(r, Rule) and r.module == module.__name__]
+
+
+def discover(package: str = RULES_PACKAGE) -> dict[str, Rule]:
+    """Every rule of the package's public modules by code; two modules claiming one code is an error."""
+    found: dict[str, Rule] = {}
+    for info in sorted(pkgutil.iter_modules(importlib.import_module(package).__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        for r in rules_of(importlib.import_module(f"{package}.{info.name}")):
+            if r.code in found:
+                raise ValueError(f"rule code {r.code} is defined twice: in {found[r.code].module} and {r.module}")
+            found[r.code] = r
+    return found
+
+
+@functools.cache
+def _registry() -> dict[str, Rule]:
+    return discover()
 
 
 def all_rules() -> list[Rule]:
-    for mod in RULE_MODULES:
-        importlib.import_module(f"tracekit.rules.{mod}")
-    return [_REGISTRY[c] for c in sorted(_REGISTRY)]
+    rules = _registry()
+    return [rules[c] for c in sorted(rules)]
 
 
 def get_rule(key: str) -> Rule:
@@ -141,10 +178,3 @@ def get_rule(key: str) -> Rule:
         if key.upper() == r.code or key.lower() == r.name:
             return r
     raise KeyError(f"unknown rule {key!r}; see `tracekit rules`")
-
-
-def discovered_modules() -> list[str]:
-    """Rule modules present in the package, to check RULE_MODULES lists them all."""
-    import tracekit.rules as package
-
-    return sorted(m.name for m in pkgutil.iter_modules(package.__path__) if not m.name.startswith("_"))

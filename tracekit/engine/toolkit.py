@@ -1,12 +1,38 @@
-"""What rules share beyond SQL: the runs and their windows, thread names, Python code paths and
-enclosing ops of an event, unit formatting."""
+"""What rules share beyond SQL: named result rows, the runs and their windows, a finding's locality in
+one shape, thread names, Python code paths and enclosing ops of an event."""
 
 from __future__ import annotations
 
+import functools
 import re
+from collections import namedtuple
 from dataclasses import dataclass
 
+from tracekit.findings.model import LOCALITY_KEYS
+
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+Ancestor = namedtuple("Ancestor", "event_id kind name")
+Op = namedtuple("Op", "event_id name input_dims")
+
+
+@functools.lru_cache(maxsize=256)
+def _row_type(columns: tuple[str, ...]):
+    # an unaliased expression (`count(*)`) is not a valid field name and fails here, loudly
+    return namedtuple("Row", columns)
+
+
+def rows(con, sql: str, params=None) -> list:
+    """The query's rows as named tuples: `row.busy_ns`, never `row[7]`."""
+    cur = con.execute(sql, params) if params is not None else con.execute(sql)
+    make = _row_type(tuple(d[0] for d in cur.description))._make
+    return [make(r) for r in cur.fetchall()]
+
+
+def one(con, sql: str, params=None):
+    """The query's first row as a named tuple, or None."""
+    found = rows(con, sql, params)
+    return found[0] if found else None
 
 
 @dataclass
@@ -25,13 +51,28 @@ class RunInfo:
         return {"run_id": self.run_id, "run_label": self.label, "rank": self.rank}
 
 
+def locality(run: RunInfo, **where) -> dict:
+    """A finding's locality: the run's keys, then `where` in the schema's key order. A key passed as
+    None stays (as "not known"); a window becomes a pair of ints and an empty code path None, so two
+    rules describing one place produce the same dict and the same finding id."""
+    unknown = set(where) - set(LOCALITY_KEYS)
+    if unknown:
+        raise ValueError(f"unknown locality keys: {sorted(unknown)}")
+    if where.get("window_ns") is not None:
+        where["window_ns"] = [int(t) for t in where["window_ns"]]
+    if "code_path" in where:
+        where["code_path"] = list(where["code_path"] or []) or None
+    return {**run.locality(), **{k: where[k] for k in LOCALITY_KEYS if k in where}}
+
+
 class Context:
     """What a rule may ask beyond SQL: the runs, their windows, and shared lookups."""
 
     def __init__(self, con):
         self.con = con
-        rows = con.execute("SELECT run_id, label, rank, start_ns, end_ns FROM runs ORDER BY run_id").fetchall()
-        self.runs = [RunInfo(*r) for r in rows]
+        self.runs = [
+            RunInfo(*r) for r in rows(con, "SELECT run_id, label, rank, start_ns, end_ns FROM runs ORDER BY run_id")
+        ]
 
     def run(self, run_id: int) -> RunInfo:
         return next(r for r in self.runs if r.run_id == run_id)
@@ -42,11 +83,27 @@ class Context:
         ).fetchone()
         return row[0] if row else None
 
+    def thread(self, run_id: int, pid: int | None, tid: int | None) -> dict:
+        """The thread keys of a locality: pid, tid and the thread's name when both ids are known."""
+        name = self.thread_name(run_id, pid, tid) if pid is not None and tid is not None else None
+        return {"pid": pid, "tid": tid, "thread_name": name}
+
+    def pid_of(self, event_id: int) -> int | None:
+        row = self.con.execute("SELECT pid FROM events WHERE event_id = ?", [event_id]).fetchone()
+        return row[0] if row else None
+
+    def graph_launches(self, run_id: int) -> int:
+        """CUDA graph replays in the run: their kernels share one launch call, which changes what
+        per-launch numbers mean."""
+        return self.con.execute(
+            "SELECT count(*) FROM runtime_calls WHERE run_id = ? AND name ILIKE '%GraphLaunch%'", [run_id]
+        ).fetchone()[0]
+
     def code_path(self, event_id: int | None, limit: int = 6) -> list[str]:
         """Python frames around an event, innermost first: the frames on its thread that contain it."""
         if event_id is None:
             return []
-        rows = self.con.execute(
+        found = self.con.execute(
             """
             SELECT f.name FROM events e JOIN python_functions f
               ON f.run_id = e.run_id AND f.pid = e.pid AND f.tid = e.tid
@@ -57,10 +114,10 @@ class Context:
         ).fetchall()
         # builtin frames name a live object ("... object at 0x7f..."): drop the address so locality,
         # and with it the finding id, is the same in every run
-        return [_ADDRESS.sub("", r[0]) for r in rows]
+        return [_ADDRESS.sub("", name) for (name,) in found]
 
-    def ancestors(self, event_id: int, limit: int = 64) -> list[tuple[int, str, str]]:
-        """(event_id, kind, name) of the event's ancestors, nearest first, by rowid point lookups
+    def ancestors(self, event_id: int, limit: int = 64) -> list[Ancestor]:
+        """The event's ancestors, nearest first, by rowid point lookups
         (a recursive CTE would join the whole table once per level)."""
         out = []
         parent = self.con.execute("SELECT parent_id FROM event_rows WHERE rowid = ?", [event_id]).fetchone()
@@ -69,22 +126,25 @@ class Context:
             row = self.con.execute("SELECT kind, name, parent_id FROM event_rows WHERE rowid = ?", [current]).fetchone()
             if row is None:
                 break
-            out.append((current, row[0], row[1]))
-            current = row[2]
+            kind, name, parent_id = row
+            out.append(Ancestor(current, kind, name))
+            current = parent_id
         return out
 
-    def enclosing_op(self, event_id: int, outermost: bool = False) -> tuple[int, str, str | None] | None:
-        """The nearest (or outermost) cpu_op above an event, as (event_id, name, input dims).
+    def enclosing_op(self, event_id: int | None, outermost: bool = False) -> Op | None:
+        """The nearest (or outermost) cpu_op above an event, with its input dims.
         ProfilerStep#N, a cpu_op in old traces, is a step, not an op."""
-        ops = [(i, n) for i, k, n in self.ancestors(event_id) if k == "cpu_op" and not n.startswith("ProfilerStep#")]
+        if event_id is None:
+            return None
+        ops = [a for a in self.ancestors(event_id) if a.kind == "cpu_op" and not a.name.startswith("ProfilerStep#")]
         if not ops:
             return None
-        op_id, name = ops[-1] if outermost else ops[0]
+        op = ops[-1] if outermost else ops[0]
         dims = self.con.execute(
             "SELECT CAST(coalesce(args->'Input Dims', args->'Input dims') AS VARCHAR) FROM event_rows WHERE rowid = ?",
-            [op_id],
+            [op.event_id],
         ).fetchone()[0]
-        return op_id, name, dims
+        return Op(op.event_id, op.name, dims)
 
 
 def user_frame(code_path: list[str]) -> str:
@@ -94,11 +154,3 @@ def user_frame(code_path: list[str]) -> str:
     user = next((f for f in code_path if not f.startswith(("torch/", "<built-in", "nn.Module", "<"))), None)
     parts = [p for p in (module, user) if p]
     return " in ".join(parts) if parts else (code_path[0] if code_path else "")
-
-
-def ms(ns) -> str:
-    return f"{(ns or 0) / 1e6:.2f} ms"
-
-
-def us(ns) -> str:
-    return f"{(ns or 0) / 1e3:.0f} us"

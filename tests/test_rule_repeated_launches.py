@@ -10,7 +10,6 @@ import json
 import jsonschema
 import pytest
 
-import tracekit.rules.duplicate_launches  # noqa: F401  (registers K002 until RULE_MODULES lists it)
 from tests.conftest import CORPUS, evidence, run_rule, sample
 from tracekit import db
 from tracekit.findings.model import json_schema

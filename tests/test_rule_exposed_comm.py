@@ -7,10 +7,10 @@ import re
 import jsonschema
 import pytest
 
-import tracekit.rules.comm_overlap as comm_overlap
 from tracekit.engine.registry import get_rule
 from tracekit.engine.runner import run_rules
 from tracekit.findings.model import json_schema
+from tracekit.rules._collectives import message_bytes
 
 from .conftest import corpus, evidence, sample
 
@@ -234,6 +234,6 @@ def test_quiet_without_communication(loaded, path):
 
 
 def test_message_bytes():
-    assert comm_overlap._message_bytes({"In msg nelems": 4096, "dtype": "BFloat16"}) == 8192
-    assert comm_overlap._message_bytes({"In msg nelems": 10, "dtype": "Float"}) == 40
-    assert comm_overlap._message_bytes({"dtype": "Float"}) is None
+    assert message_bytes({"In msg nelems": 4096, "dtype": "BFloat16"}) == 8192
+    assert message_bytes({"In msg nelems": 10, "dtype": "Float"}) == 40
+    assert message_bytes({"dtype": "Float"}) is None

@@ -1,0 +1,299 @@
+"""Communication not hidden behind computation (C001 exposed-comm).
+
+## What it does
+Per rank (run) and device, measures how much of the time spent in communication kernels
+(`kernels.is_communication`: `nccl*`, `rccl*`) runs while no compute kernel is busy on the same
+device. Compute is the union of all other kernels' intervals on the device (memcpy/memset too when
+`memcpy_is_compute` is set); a collective's exposed time is its duration minus its overlap with
+that union. Overlap % = overlapped comm / total comm, as HTA's `get_comm_comp_overlap` defines it.
+The finding names the rank, device, comm stream, the collectives with the most exposed time (kernel,
+`Collective name`, message size, dtype, group size from the kernel's args when the trace has them),
+and the op and Python frames that launched the worst one. When several ranks of one job are loaded,
+it matches collectives across ranks by order and splits exposed time into *waiting for a late
+peer* (start skew) and the rest (transfer).
+
+## Why it matters
+Exposed communication is time the device does no compute, so it adds directly to step time.
+In tensor-parallel decode, every layer's all-reduce sits between two matmuls; in data-parallel
+training, gradient buckets that are not overlapped with the backward pass add up to the comm time.
+When most of the exposed time is waiting for another rank, the fix is on the late rank (host
+overhead, load imbalance), not in NCCL.
+
+## Example
+Rank 0 of a 2-GPU tensor-parallel run: 72 `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` kernels on
+stream 7, the compute stream, take 93% of the window with 0% overlap; matched against rank 1, 99.8% of
+that is rank 0 waiting for rank 1 to launch the same all-reduce (median start skew 0.35 ms).
+
+Use instead: make the late rank launch sooner (CUDA graphs, less host work per step), or issue the
+collective on a side stream (`async_op=True`) and wait for it just before its result is needed.
+
+## Options
+- `min_exposed_share` (0.05): report a device whose exposed comm is at least this share of the run window.
+- `max_overlap_pct` (20.0): also report a device (info unless its share is large) whose overlap % is below this ...
+- `min_comm_share` (0.02): ... when its total comm time is at least this share of the window.
+- `memcpy_is_compute` (False): count memcpy/memset as compute that can hide comm (HTA counts kernels only).
+- `top_collectives` (5): how many collective groups to list in the finding's details.
+- `critical_share` (0.2): severity critical when the exposed comm is at least this share of the run
+  window; a device reported by `min_exposed_share` is a warning, one reported only for its overlap
+  % an info.
+"""
+
+from __future__ import annotations
+
+from tracekit.engine.phrases import rerun
+from tracekit.engine.registry import DataQuality, Example, Param, rule
+from tracekit.engine.toolkit import locality, one, rows
+from tracekit.findings.model import Finding, Quantity
+from tracekit.rules import _collectives
+from tracekit.units import duration
+
+SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB, NCCL time is latency, not bandwidth
+WAITING = 0.5  # share of the exposed time spent waiting for a peer from which the late peer is the story
+
+
+@rule(
+    code="C001",
+    name="exposed-comm",
+    title="Communication not overlapped with computation",
+    category="distributed",
+    requires=("kernels",),
+    params={
+        "min_exposed_share": Param(0.05, "report when exposed comm is at least this share of the run window", "ratio"),
+        "max_overlap_pct": Param(20.0, "also report when comm overlap is below this percentage ...", "%"),
+        "min_comm_share": Param(0.02, "... and total comm is at least this share of the run window", "ratio"),
+        "memcpy_is_compute": Param(False, "count memcpy/memset as compute that hides comm", "bool"),
+        "top_collectives": Param(5, "collective groups listed in the details", "count"),
+        "critical_share": Param(
+            0.2, "severity critical when exposed comm is at least this share of the window", "ratio"
+        ),
+    },
+    example=Example(("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")),
+)
+def check(con, params, ctx):
+    comm_devices = rows(
+        con, "SELECT run_id, device, count(*) AS kernels FROM kernels WHERE is_communication GROUP BY ALL ORDER BY ALL"
+    )
+    world = dict(con.execute("SELECT run_id, world_size FROM runs").fetchall())
+    yield from _unrecognised_collectives(con, ctx, world, {d.run_id for d in comm_devices})
+    if not comm_devices:
+        return
+    cross = _collectives.cross_rank(con, ctx, world)
+    for d in comm_devices:
+        run = ctx.run(d.run_id)
+        window = run.window_ns
+        if window <= 0:
+            continue
+        sql_params = {"run_id": d.run_id, "device": d.device, "memcpy_is_compute": bool(params["memcpy_is_compute"])}
+        kernels = _collectives.per_kernel(con, sql_params)
+        comm = sum(k.dur_ns for k in kernels)
+        if not comm:
+            continue
+        exposed = sum(k.exposed_ns for k in kernels)
+        overlap_pct = 100.0 * sum(k.overlapped_ns for k in kernels) / comm
+        by_share = exposed / window >= params["min_exposed_share"]
+        by_overlap = overlap_pct < params["max_overlap_pct"] and comm / window >= params["min_comm_share"]
+        if by_share or by_overlap:
+            yield _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels)
+
+
+def _unrecognised_collectives(con, ctx, world, with_comm):
+    for run in ctx.runs:
+        if run.run_id in with_comm or (world.get(run.run_id) or 1) <= 1:
+            continue
+        if one(con, "SELECT EXISTS (SELECT 1 FROM kernels WHERE run_id = ?) AS found", [run.run_id]).found:
+            yield DataQuality(
+                "C001",
+                f"run {run.run_id} ({run.label}) has world_size {world[run.run_id]} but no kernel named "
+                "nccl*/rccl*: its collectives are not recognised (custom all-reduce?) or not traced",
+                run.run_id,
+            )
+
+
+def _caveats(params, kernels, exposed, window, shared_streams, cross) -> list[str]:
+    caveats = [
+        "Overlap counts any compute kernel running at the same time on the device (HTA's definition); "
+        "overlapped kernels still share SMs and memory bandwidth, so overlapped comm is not free.",
+    ]
+    if not params["memcpy_is_compute"]:
+        caveats.append("memcpy/memset are not counted as compute (set memcpy_is_compute to count them).")
+    if shared_streams:
+        caveats.append(
+            f"Communication runs on stream(s) {shared_streams}, which also run compute: kernels of one stream "
+            "never overlap, so these collectives cannot be hidden until they move to a side stream."
+        )
+    worst = max(kernels, key=lambda k: (k.exposed_ns, -k.event_id))
+    if worst.exposed_ns > 0.5 * exposed and len(kernels) > 1:
+        rest = exposed - worst.exposed_ns
+        why = (
+            "it is the first collective, which often absorbs start-up skew between ranks (profilers started at "
+            "different times, a rank still warming up)"
+            if worst.event_id == kernels[0].event_id
+            else "check whether it is an outlier (a stalled peer, a one-off barrier) before tuning the rest"
+        )
+        caveats.append(
+            f"One instance (event {worst.event_id}, {duration(worst.exposed_ns)} exposed) is "
+            f"{100 * worst.exposed_ns / exposed:.0f}% of the exposed time; {why}. Without it: "
+            f"{duration(rest)} ({100 * rest / window:.1f}% of the window)."
+        )
+    if cross is None:
+        caveats.append(
+            "No other rank of this job could be matched (not loaded, or its trace covers other steps): exposed time "
+            "includes waiting for slower ranks. Load all ranks' traces of the same steps to split waiting from transfer."
+        )
+    return caveats
+
+
+def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams):
+    """(hypothesis, next experiment): waiting for a late peer, small latency-bound messages, or no overlap."""
+    nbytes, collective = worst.get("message_bytes"), launcher["collective"]
+    if waiting:
+        return (
+            f"Most exposed comm is rank {run.rank} waiting inside the collective for rank {late_rank}, which launches "
+            f"the same collective a median {duration(cross.median_skew_ns)} later: the time is skew, not transfer, "
+            "so NCCL tuning or overlap will not remove it.",
+            f"Find why rank {late_rank} reaches each collective late: compare its per-thread CPU time and GPU busy share "
+            f"with rank {run.rank}'s (tracekit summary), and look for host-bound findings (H001 host-sync, launch "
+            "overhead) on it; then cut its host work per step (CUDA graphs / torch.compile for the decode step, move "
+            "logging or .item() off the step) or rebalance its work. Start the profilers of all ranks after a "
+            "torch.distributed.barrier() so the first collective does not absorb start-up skew, and re-profile all ranks.",
+        )
+    if nbytes is not None and nbytes < SMALL_MESSAGE_BYTES:
+        return (
+            f"{worst['count']} small {collective or 'collective'}s ({nbytes} B each) run with no compute alongside: "
+            "each is latency-bound and sits between dependent kernels (e.g. a TP all-reduce between two matmuls), "
+            "so the GPU waits for every one.",
+            "For small latency-bound collectives: try a one-shot/custom all-reduce (vLLM custom_all_reduce, torch "
+            "symmetric memory) or NCCL_PROTO=LL / NCCL_ALGO=Tree and compare kernel time; fuse the all-reduce with "
+            "the following residual-add + RMSNorm (e.g. FlashInfer/TRT-LLM allreduce fusion); capture the decode step "
+            "in a CUDA graph; or overlap it with the next layer's independent compute (async_op=True on a side "
+            "stream, wait just before the result is used). Re-profile and re-run the evidence SQL.",
+        )
+    where = (
+        "they run on the compute stream itself, so they serialize with the compute that could hide them."
+        if comm_stream in compute_streams
+        else "they start when no compute is queued (issued after the compute that could hide them, or the "
+        "compute stream waits on them)."
+    )
+    return (
+        f"{collective or 'Collectives'} on stream {comm_stream} run with no compute alongside for {duration(exposed)}: "
+        + where,
+        "Issue the collective asynchronously on a communication stream and wait for it only where its result is "
+        "needed (async_op=True + work.wait(); DDP bucket_cap_mb / gradient_as_bucket_view; FSDP backward/forward "
+        "prefetch; sequence-parallel or async-TP so all-reduce overlaps the next matmul), and check NCCL_ALGO / "
+        "NCCL_PROTO / NCCL_NCHANNELS for the message size. Re-profile and re-run the evidence SQL.",
+    )
+
+
+def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
+    window = run.window_ns
+    comm = int(sum(k.dur_ns for k in kernels))
+    exposed = int(sum(k.exposed_ns for k in kernels))
+    overlapped = int(sum(k.overlapped_ns for k in kernels))
+    overlap_pct = 100.0 * overlapped / comm
+    share = exposed / window
+    compute_streams = {
+        r.stream for r in rows(
+            con, "SELECT DISTINCT stream FROM kernels WHERE run_id = ? AND device = ? AND NOT is_communication",
+            [run.run_id, device],
+        )
+    }  # fmt: skip
+    top, stream_exposed = _collectives.collective_groups(
+        con, run.run_id, device, kernels, cross, params["top_collectives"]
+    )
+    worst = top[0]
+    launcher = _collectives.launcher(con, ctx, run.run_id, worst)
+    comm_stream = max(stream_exposed, key=lambda s: (stream_exposed[s], -s))
+    comm_streams = sorted(stream_exposed)
+    shared_streams = sorted(compute_streams & set(comm_streams))
+    # Waiting for a late peer, clipped per kernel to its exposed part (overlapped waiting costs nothing).
+    wait = sum(min(cross.wait.get(k.event_id, 0), k.exposed_ns) for k in kernels) if cross else None
+    late_rank = cross.latest_rank if cross else None
+    wait_share = (wait / exposed) if (wait is not None and exposed) else None
+    waiting = wait_share is not None and wait_share >= WAITING
+    hypothesis, next_experiment = _explain(
+        run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams
+    )
+    title = (
+        f"rank {run.rank if run.rank is not None else '?'} device {device}: {duration(exposed)} of communication "
+        f"exposed ({100 * share:.1f}% of the window), {overlap_pct:.1f}% of {duration(comm)} comm overlapped with compute"
+    )
+    if waiting:
+        title += f"; {100 * wait_share:.1f}% of it waiting for rank {late_rank}"
+    op = launcher["op"]
+    launch = {k: launcher[k] for k in ("call", "annotation", "collective") if launcher[k]}
+    extra = {
+        "comm_ns": comm,
+        "overlapped_ns": overlapped,
+        "overlap_pct": round(overlap_pct, 2),
+        "comm_kernels": len(kernels),
+        "comm_streams": comm_streams,
+        "comm_shares_compute_stream": bool(shared_streams),
+        "top_collectives": top,
+        "worst": {
+            "event_id": int(worst["worst_event_id"]),
+            "window_ns": [int(x) for x in worst["worst_window_ns"]],
+            "exposed_ns": int(worst["worst_exposed_ns"]),
+            "launch_event_id": int(launcher["launch_event_id"]) if launcher["launch_event_id"] is not None else None,
+            "enclosing_op": launcher["outer"].name if launcher["outer"] else None,
+        },
+    }
+    if cross:
+        extra["cross_rank"] = {
+            "ranks": cross.peers,
+            "wait_for_peers_ns": int(wait),
+            "wait_share_of_exposed": round(wait_share, 4) if wait_share is not None else None,
+            "latest_rank": late_rank,
+            "median_start_skew_ns": cross.median_skew_ns,
+            "wait_by_late_rank_ns": {str(k): v for k, v in sorted(cross.late.items())},
+        }
+    if share >= params["critical_share"]:
+        severity = "critical"
+    else:
+        severity = "warning" if share >= params["min_exposed_share"] else "info"
+    return Finding(
+        rule="C001",
+        severity=severity,
+        confidence=0.9 if len(kernels) >= 3 else 0.6,
+        title=title,
+        locality=locality(
+            run,
+            device=int(device),
+            stream=int(comm_stream),
+            kernel=worst["kernel"],
+            op=op.name if op else None,
+            input_shapes=op.input_dims if op and op.input_dims else None,
+            code_path=launcher["code_path"],
+            window_ns=[min(k.ts_ns for k in kernels), max(k.end_ns for k in kernels)],
+            launch=launch or None,
+        ),
+        observed=Quantity(
+            exposed,
+            "ns",
+            f"{len(kernels)} comm kernels, {duration(comm)} in total, {overlap_pct:.1f}% overlapped with compute; "
+            f"{duration(exposed)} exposed = {100 * share:.1f}% of the {duration(window)} window",
+        ),
+        expected=Quantity(
+            int(params["min_exposed_share"] * window),
+            "ns",
+            f"exposed comm below {100 * params['min_exposed_share']:.0f}% of the window",
+        ),
+        impact_ns=exposed,
+        window_ns=window,
+        sql=_collectives.EVIDENCE_SQL,
+        sql_params=sql_params,
+        sample_event_ids=[k.event_id for k in sorted(kernels, key=lambda k: (-k.exposed_ns, k.event_id))[:5]],
+        hypothesis=hypothesis,
+        next_experiment=next_experiment,
+        acceptance=rerun(
+            "trace of this rank",
+            f"exposed_share below {params['min_exposed_share']} (or overlap_pct above {params['max_overlap_pct']}), "
+            "with step time down by about the exposed time removed"
+            + (
+                f"; with all ranks loaded, extra.cross_rank.median_start_skew_ns against rank {late_rank} shrinks."
+                if waiting
+                else "."
+            ),
+        ),
+        caveats=_caveats(params, kernels, exposed, window, shared_streams, cross),
+        extra=extra,
+    )
