@@ -137,12 +137,13 @@ def get_finding(session: Session, finding_id: str, database: str | None = None) 
 
 
 def explain_rule(session: Session, rule: str) -> dict:
-    from tracekit.engine.registry import get_rule
+    from tracekit.engine.registry import all_rules, get_rule
 
     try:
         r = get_rule(rule)
     except KeyError as e:
-        raise ToolError(str(e.args[0]), "codes: G001 G002 H001 H002 C001 K001 K002 N001, or their names") from None
+        codes = " ".join(known.code for known in all_rules())
+        raise ToolError(str(e.args[0]), f"codes: {codes}, or their names") from None
     info = r.describe()
     truncated = len(info["doc"]) > 6000
     if truncated:
