@@ -1,73 +1,36 @@
-"""What to say about a file that no reader takes: native reports that need exporting first, and
-content that matches no supported format (one line naming what was tried)."""
+"""Vendor reports that only their own tool reads (.nsys-rep, .qdrep, .ncu-rep): exported by that tool
+to a format tracekit reads when it is on PATH, else one line saying how to export them."""
 
 from __future__ import annotations
 
 import shutil
-import zlib
 from pathlib import Path
 
 from tracekit.errors import InputError
 
-TRIED = (
-    "Chrome/Kineto trace JSON (object or array)",
-    "Nsight Systems SQLite export",
-    "nsys stats CSV trace report",
-    "Nsight Compute CSV",
-    "numerics report",
-    "runtime-event JSONL",
-    "Perfetto protobuf",
-    "OTLP/JSON spans",
-    "serving benchmark JSON",
-    "SGLang/vLLM server log",
-)
-
-
-def _head(path: Path, size: int = 4096) -> bytes:
-    with open(path, "rb") as f:
-        head = f.read(size)
-    if head[:2] == b"\x1f\x8b":
-        try:
-            return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(head, size)
-        except zlib.error:
-            return b""
-    return head
-
-
-def check_known(path: Path) -> None:
-    """Raise one clear InputError for a file the Chrome/Kineto reader would be handed in vain."""
-    path = Path(path)
-    name = path.name.lower()
-    if name.endswith(".nsys-rep") or name.endswith(".qdrep"):
-        how = f"nsys export --type sqlite --output {path.stem}.sqlite {path}"
-        if shutil.which("nsys"):
-            return  # converted by export_native before ingest
-        raise InputError(path, "file", f"an Nsight Systems report: nsys is not on PATH here; export it with `{how}`"
-                                       " and pass the .sqlite")  # fmt: skip
-    if name.endswith(".ncu-rep"):
-        if shutil.which("ncu"):
-            return  # converted by export_native before ingest
-        raise InputError(path, "file", f"an Nsight Compute report: export it with `ncu --import {path} --csv "
-                                       f"--page raw > {path.stem}.csv` and pass the .csv")  # fmt: skip
-    try:
-        head = _head(path)
-    except OSError:
-        return  # a missing file is reported by the reader, with its name
-    stripped = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if not stripped:
-        return  # empty: the reader says what it expected
-    if stripped[:1] not in (b"{", b"["):
-        raise InputError(path, "byte 0", "not a format tracekit reads; tried by content: " + ", ".join(TRIED))
-
-
 NATIVE_SUFFIXES = (".nsys-rep", ".qdrep", ".ncu-rep")
 
 
+def _tool(path: Path) -> str:
+    return "ncu" if path.name.lower().endswith(".ncu-rep") else "nsys"
+
+
 def is_native(path: Path) -> bool:
-    """A vendor's binary report whose own tool (on PATH) can export it to a format tracekit reads."""
-    name = Path(path).name.lower()
-    tool = "ncu" if name.endswith(".ncu-rep") else "nsys"
-    return name.endswith(NATIVE_SUFFIXES) and shutil.which(tool) is not None
+    """A vendor's binary report (by its suffix: the format is the tool's own)."""
+    return Path(path).name.lower().endswith(NATIVE_SUFFIXES)
+
+
+def check_tool(path: Path) -> None:
+    """InputError saying how to export a native report whose tool is not on PATH."""
+    path = Path(path)
+    if shutil.which(_tool(path)):
+        return
+    if _tool(path) == "ncu":
+        raise InputError(path, "file", f"an Nsight Compute report: export it with `ncu --import {path} --csv "
+                                       f"--page raw > {path.stem}.csv` and pass the .csv")  # fmt: skip
+    how = f"nsys export --type sqlite --output {path.stem}.sqlite {path}"
+    raise InputError(path, "file", f"an Nsight Systems report: nsys is not on PATH here; export it with `{how}`"
+                                   " and pass the .sqlite")  # fmt: skip
 
 
 def export_native(path: Path, tmpdir: str | None = None) -> Path:
@@ -75,8 +38,9 @@ def export_native(path: Path, tmpdir: str | None = None) -> Path:
     import subprocess
     import tempfile
 
+    check_tool(path)
     folder = Path(tempfile.mkdtemp(prefix="tracekit-export-", dir=tmpdir))
-    if path.name.lower().endswith(".ncu-rep"):
+    if _tool(path) == "ncu":
         out = folder / (path.stem + ".csv")
         command = ["ncu", "--import", str(path), "--csv", "--page", "raw"]
         with open(out, "w") as sink:
@@ -86,6 +50,7 @@ def export_native(path: Path, tmpdir: str | None = None) -> Path:
         command = ["nsys", "export", "--type", "sqlite", "--output", str(out), str(path)]
         proc = subprocess.run(command, capture_output=True, text=True)
     if proc.returncode != 0 or not out.exists() or not out.stat().st_size:
+        shutil.rmtree(folder, ignore_errors=True)
         last = (proc.stderr or "").strip().splitlines()[-1:] or ["no output"]
         raise InputError(path, "file", f"expected `{' '.join(command[:4])} ...` to export it ({last[0]})")
     return out
