@@ -87,6 +87,7 @@ def read(path: Path, tmpdir: str | None = None, **_) -> Export:
     export.loader = loader
     return export
 
+
 # Every key the Trace Event Format and Kineto define for an event. Keys outside this set are found
 # by sampling (see _sample_keys) and kept in event_rows.extra.
 EVENT_COLUMNS = {

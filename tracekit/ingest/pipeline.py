@@ -115,39 +115,59 @@ class Part:
 def _ingest_all(con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets) -> list[IngestResult]:
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
     units = plan([i.path for i in inputs], readers=[i.reader for i in inputs])
-    ahead = [first for first, _ in units if getattr(inputs[first].reader, "READ_AHEAD", False)]
     results = []
-    # the reader releases the GIL (file copies, zlib): the next such input is read on the other core
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = {}
-
-        def read_ahead(k: int) -> None:
-            if k < len(ahead):
-                pending[ahead[k]] = pool.submit(_read, inputs[ahead[k]], options)
-
-        read_ahead(0)
+        reads = _Reads(pool, inputs, [first for first, _ in units], options, progress)
         try:
             for unit, (first, log_indexes) in enumerate(units):
                 label = labels[unit] if labels and unit < len(labels) else None  # one label per run
-                # logs are read first, so that one that cannot be read stops the run before any of it is loaded
-                logs = [_announced(inputs[i], options, progress) for i in log_indexes]
-                started = time.perf_counter()  # the logs' own time is theirs
-                if progress:
-                    progress(f"loading {inputs[first].path.name}")
-                if first in pending:
-                    main = pending.pop(first).result()
-                    read_ahead(ahead.index(first) + 1)
-                else:
-                    main = _read(inputs[first], options)
+                parts: list[Part] = []
                 try:
-                    results += _ingest_run(con, main, logs, rank, label, started, align, offsets)
+                    # logs are read first, so that one that cannot be read stops the run before any of it is loaded
+                    parts += [reads.get(i) for i in log_indexes]
+                    started = time.perf_counter()  # the logs' own time is theirs
+                    parts.append(reads.get(first))
+                    results += _ingest_run(con, parts[-1], parts[:-1], rank, label, started, align, offsets)
                 finally:
-                    _cleanup(main, *logs)
+                    _cleanup(*parts)
         except BaseException:
-            for future in pending.values():
-                _discard(future)
+            reads.discard()
             raise
     return results
+
+
+class _Reads:
+    """Inputs read in turn; the next one whose reader has READ_AHEAD is read on the pool's thread while the
+    current one loads (its reader releases the GIL: file copies, zlib)."""
+
+    def __init__(self, pool, inputs: list[Input], firsts: list[int], options: dict, progress) -> None:
+        self.pool, self.inputs, self.options, self.progress = pool, inputs, options, progress
+        self.ahead = [i for i in firsts if getattr(inputs[i].reader, "READ_AHEAD", False)]
+        self.pending: dict = {}
+        self._submit(0)
+
+    def _submit(self, k: int) -> None:
+        if k < len(self.ahead):
+            self.pending[self.ahead[k]] = self.pool.submit(_read, self.inputs[self.ahead[k]], self.options)
+
+    def get(self, i: int) -> Part:
+        if self.progress:
+            self.progress(f"loading {self.inputs[i].path.name}")
+        if i not in self.pending:
+            return _read(self.inputs[i], self.options)
+        future = self.pending.pop(i)
+        self._submit(self.ahead.index(i) + 1)
+        return future.result()
+
+    def discard(self) -> None:
+        """Remove the temporary files of inputs read ahead whose turn will not come."""
+        for future in self.pending.values():
+            if future.cancel():
+                continue
+            try:
+                _cleanup(future.result())
+            except Exception:  # its own error does not matter once another file failed
+                pass
 
 
 def _read(item: Input, options: dict) -> Part:
@@ -155,12 +175,6 @@ def _read(item: Input, options: dict) -> Part:
     export = item.reader.read(item.path, **options)
     export.format = export.format or item.reader.FORMAT
     return Part(item, export, time.perf_counter() - started)
-
-
-def _announced(item: Input, options: dict, progress) -> Part:
-    if progress:
-        progress(f"loading {item.path.name}")
-    return _read(item, options)
 
 
 def _ingest_run(con, main: Part, logs: list[Part], rank, label, started, align, offsets) -> list[IngestResult]:
@@ -243,13 +257,3 @@ def _cleanup(*parts: Part) -> None:
     for part in parts:
         if part.export.cleanup is not None:
             part.export.cleanup()
-
-
-def _discard(pending) -> None:
-    """Remove the temp files of an input read ahead whose turn will not come."""
-    if pending.cancel():
-        return
-    try:
-        _cleanup(pending.result())
-    except Exception:  # its own error does not matter once another file failed
-        pass
