@@ -157,7 +157,7 @@ def _where(path: Path) -> str:
 def _packets(path: Path):
     """(byte offset, payload) of each packet; InputError at the offset of the packet that is cut or wrong.
 
-    Offsets are in the decompressed stream for a gzipped file.
+    Offsets are in the decompressed stream for a compressed file.
     """
     where = _where(path)
     chunks = compression.chunks(path, CHUNK)
