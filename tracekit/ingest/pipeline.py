@@ -15,6 +15,7 @@ from tracekit import db as dbmod
 from tracekit.ingest import runs
 from tracekit.ingest.entities import fill_entities
 from tracekit.ingest.inputs import Input, classify, expand
+from tracekit.ingest.native import export_native, is_native
 from tracekit.ingest.nesting import compute_nesting
 from tracekit.ingest.offsets import measure
 from tracekit.ingest.runs import IngestResult
@@ -72,8 +73,6 @@ def ingest(
     events both share (runtime-event logs) or on their windows (server logs); `offsets` (path -> ns)
     overrides that for the files it names and shifts any other input as a whole.
     """
-    from tracekit.ingest.formats import export_native, is_native
-
     paths = [Path(p) for p in paths]
     offsets = {Path(k): v for k, v in (offsets or {}).items()}
     exported: dict[Path, Path] = {}  # export -> the native report it came from

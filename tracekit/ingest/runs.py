@@ -47,6 +47,10 @@ def run_rank(export, rank: int | None) -> tuple[int | None, str | None]:
     return rank, "--rank" if rank is not None else None
 
 
+def _json(value, **options) -> str | None:
+    return None if value is None else orjson.dumps(value, **options).decode()
+
+
 def run_row(export, label: str | None, rank: int | None) -> dict:
     number, source = run_rank(export, rank)
     return {
@@ -56,8 +60,8 @@ def run_row(export, label: str | None, rank: int | None) -> dict:
         "rank": number,
         "world_size": export.world_size,
         "rank_source": source,
-        "device_properties": None if export.device_properties is None else orjson.dumps(export.device_properties).decode(),
-        "metadata": None if export.metadata is None else orjson.dumps(export.metadata, default=str).decode(),
+        "device_properties": _json(export.device_properties),
+        "metadata": _json(export.metadata, default=str),
         "base_time_ns": export.base_time_ns,
     }
 
