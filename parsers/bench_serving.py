@@ -20,10 +20,12 @@ from pathlib import Path
 
 import orjson
 
+from tracekit import compression
 from tracekit.errors import InputError
 from tracekit.parsers.rows import Export
 
 FORMAT = "bench_serving"
+DESCRIPTION = "serving benchmark JSON"
 SNIFF_BYTES = 1 << 16
 # Keys both benchmarks write in every result; two of them make a file a benchmark result.
 CORE_KEYS = ("request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms", "mean_tpot_ms",
@@ -38,17 +40,9 @@ UNITS = (
 )
 
 
-def _read_head(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(SNIFF_BYTES)
-
-
-def detect(path: Path) -> bool:
-    """JSON whose first object holds at least two keys every serving benchmark result has. Never raises."""
-    try:
-        head = _read_head(Path(path))
-    except OSError:
-        return False
+def sniff(head: bytes, name: str, **_) -> bool:
+    """JSON whose first object holds at least two keys every serving benchmark result has."""
+    head = head[:SNIFF_BYTES]
     start = head.lstrip()[:1]
     if start not in (b"{", b"[") or b'"traceEvents"' in head or b'"resourceSpans"' in head:
         return False
@@ -120,15 +114,12 @@ def _runs(path: Path, data: bytes, out: Export) -> list:
     return runs
 
 
-def read(path: Path) -> Export:
+def read(path: Path, **_) -> Export:
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise InputError(path, "byte 0", f"a readable benchmark result ({e.strerror})") from None
+    data = compression.read_bytes(path)
     if not data.strip():
         raise InputError(path, "byte 0", "a serving benchmark result (JSON object or JSON Lines), got an empty file")
-    out = Export(source=path)
+    out = Export(source=path, format=FORMAT, bytes_read=len(data))
     arrays: dict = {}
     non_finite: list = []
     described = []

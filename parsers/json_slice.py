@@ -1,32 +1,30 @@
-"""Cut the `traceEvents` array out of a Chrome-trace JSON file (plain or gzip) into array files.
+"""Cut the `traceEvents` array out of a Chrome-trace JSON file (plain or compressed) into array files.
 
 DuckDB reads a JSON *object* only as one value (a 1 GB Kineto file then costs 30-50 s and ~7 GB),
 and it reads one JSON *array* file on one thread. So the array is sliced out by byte offsets, at
 event boundaries, into parts of ~PART_TARGET bytes that DuckDB reads in parallel: in-kernel
-(copy_file_range) for plain files, while decompressing for gzip. Only the bytes around each cut are
+(copy_file_range) for plain files, while decompressing for compressed ones (tracekit.compression). Only the bytes around each cut are
 parsed here; everything else is left to DuckDB.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
 import tempfile
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
-
+from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers import json_array
+from tracekit.parsers.json_array import KEY, array_end, find_array_start, first_char, parse_head, split_tail
 
 CHUNK = 4 << 20
 PART_TARGET = 4 << 20
-TAIL_KEEP = 1 << 20  # metadata after the array (traceName, INFO, distributedInfo...) is small
-KEY = b'"traceEvents"'
-WS = b" \t\r\n"
 
 
 @dataclass
@@ -82,109 +80,6 @@ def find_boundary(buf: bytes, start: int = 0) -> tuple[int, int] | None:
     return None
 
 
-def is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
-def first_char(head: bytes) -> bytes:
-    stripped = head.lstrip(WS + b"\xef\xbb\xbf")
-    return stripped[:1]
-
-
-def _find_array_start(buf: bytes, path: Path) -> int | None:
-    """Offset of the '[' that opens the traceEvents array, or None if not in buf yet."""
-    pos = buf.find(KEY)
-    while pos != -1:
-        i = pos + len(KEY)
-        while i < len(buf) and buf[i] in WS:
-            i += 1
-        if i < len(buf) and buf[i : i + 1] == b":":
-            i += 1
-            while i < len(buf) and buf[i] in WS:
-                i += 1
-            if i >= len(buf):
-                return None
-            if buf[i : i + 1] != b"[":
-                raise InputError(path, f"byte {i}", 'expected "traceEvents" to be an array')
-            return i
-        pos = buf.find(KEY, pos + 1)
-    return None
-
-
-def _parse_head(head: bytes, path: Path) -> dict:
-    """Metadata keys before traceEvents: `{"schemaVersion": 1, ..., ` -> dict."""
-    text = head.rstrip(WS)
-    if text.endswith(b","):
-        text = text[:-1]
-    try:
-        obj = orjson.loads(text + b"}")
-    except orjson.JSONDecodeError as e:
-        raise InputError(path, f"byte {e.pos}", f"malformed JSON before traceEvents ({e.msg})") from None
-    return obj if isinstance(obj, dict) else {}
-
-
-def _split_tail(tail: bytes, path: Path, tail_offset: int) -> tuple[int, dict]:
-    """Find the ']' closing traceEvents in the last bytes of the document.
-
-    Returns (offset of ']' in tail, metadata after the array). A candidate ']' is right when what
-    follows it parses as the rest of the top-level object, so ']' inside later strings are skipped.
-    """
-    end = tail.rstrip(WS)
-    if not end.endswith(b"}"):
-        raise InputError(
-            path, f"byte {tail_offset + len(end)}", "expected '}' closing the trace object (file truncated?)"
-        )
-    # Events are objects, so the array's ']' follows a '}' (or '[' when empty); later metadata such as
-    # Kineto's "INFO" list of strings also ends in ']', hence the stricter pass first.
-    for allowed in ((b"}", b"["), None):
-        pos = len(end)
-        while True:
-            pos = end.rfind(b"]", 0, pos)
-            if pos == -1:
-                break
-            before = end[:pos].rstrip(WS)[-1:]
-            if (allowed and before not in allowed) or before in (b",", b":"):
-                continue
-            rest = end[pos + 1 :].lstrip(WS)
-            if rest == b"}":
-                return pos, {}
-            if rest.startswith(b","):
-                try:
-                    obj = orjson.loads(b"{" + rest[1:])
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(obj, dict):
-                    return pos, obj
-    raise InputError(
-        path, f"byte {tail_offset + len(end)}", "expected ']' closing the traceEvents array (file truncated?)"
-    )
-
-
-def _array_end(tail: bytes, path: Path, tail_offset: int) -> tuple[int, bool]:
-    """Where the events of a JSON Array Format trace stop, from the array's last bytes.
-
-    Returns (offset in tail just past the last event, whether the array is exactly closed). The
-    format lets a writer stop without the closing ']' (a trace cut at the end of a write) and leave
-    a trailing comma, so both are accepted; a document cut inside an event is reported here when it
-    visibly ends mid-value, else by the JSON reader with its position.
-    """
-    body = tail.rstrip(WS)
-    closed = body.endswith(b"]")
-    if closed:
-        body = body[:-1].rstrip(WS)
-    comma = body.endswith(b",")
-    if comma:
-        body = body[:-1].rstrip(WS)
-    if not closed and not body.endswith((b"}", b"[")):
-        raise InputError(
-            path,
-            f"byte {tail_offset + len(tail.rstrip(WS))}",
-            "expected a complete event, ',' or ']' at the end of the event array (file truncated inside an event?)",
-        )
-    return len(body), closed and not comma
-
-
 def _temp_file(tmpdir: str | None) -> tuple[int, Path]:
     fd, name = tempfile.mkstemp(prefix="tracekit-", suffix=".json", dir=tmpdir)
     return fd, Path(name)
@@ -196,9 +91,9 @@ def stage(path: Path, tmpdir: str | None = None) -> Staged:
         raise InputError(path, "open", "file not found")
     if path.is_dir():
         raise InputError(path, "open", "expected a trace file, got a directory")
-    if is_gzip(path):
-        return _stage_gzip(path, tmpdir)
-    return _stage_plain(path, tmpdir)
+    if compression.kind(path) is None:
+        return _stage_plain(path, tmpdir)
+    return _stage_stream(path, tmpdir)
 
 
 def _stage_plain(path: Path, tmpdir: str | None) -> Staged:
@@ -209,9 +104,9 @@ def _stage_plain(path: Path, tmpdir: str | None) -> Staged:
         meta: dict = {}
         if kind == b"[":  # JSON Array Format
             start = head.index(b"[")
-            tail_off = max(start, size - TAIL_KEEP)  # from the '[' on when it is short: '[' alone is empty
+            tail_off = max(start, size - json_array.TAIL_KEEP)  # from the '[' on when it is short: '[' alone is empty
             f.seek(tail_off)
-            stop, exact = _array_end(f.read(), path, tail_off)
+            stop, exact = array_end(f.read(), path, tail_off)
             end = tail_off + stop
             if exact and size < 2 * PART_TARGET:
                 return Staged(path, [path], {}, size, is_temp=False, part_offsets=[0])
@@ -223,7 +118,7 @@ def _stage_plain(path: Path, tmpdir: str | None) -> Staged:
             while offset < size:
                 f.seek(offset)
                 buf = f.read(CHUNK)
-                found = _find_array_start(buf, path)
+                found = find_array_start(buf, path)
                 if found is not None:
                     start = offset + found
                     break
@@ -233,10 +128,10 @@ def _stage_plain(path: Path, tmpdir: str | None) -> Staged:
             if start is None:
                 raise InputError(path, f"byte {size}", 'expected a "traceEvents" array in the trace object')
             f.seek(0)
-            meta = _parse_head(f.read(start).rsplit(KEY, 1)[0], path)
-            tail_off = max(start + 1, size - TAIL_KEEP)
+            meta = parse_head(f.read(start).rsplit(KEY, 1)[0], path)
+            tail_off = max(start + 1, size - json_array.TAIL_KEEP)
             f.seek(tail_off)
-            close, tail_meta = _split_tail(f.read(), path, tail_off)
+            close, tail_meta = split_tail(f.read(), path, tail_off)
             end = tail_off + close
             meta.update(tail_meta)
         cuts = _plan_cuts(f, start, end)
@@ -301,9 +196,8 @@ def _copy_range(src: int, dst: int, offset: int, count: int) -> None:
             count -= len(data)
 
 
-def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
+def _stage_stream(path: Path, tmpdir: str | None) -> Staged:
     """Decompress, writing the array from its '[' on into parts cut at event boundaries."""
-    dec = zlib.decompressobj(wbits=31)
     parts: list[Path] = []
     offsets: list[int] = []
     fd = -1
@@ -312,7 +206,7 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
     array_start = None
     tail = b""
     total_out = 0
-    compressed_read = 0
+    keep = json_array.TAIL_KEEP
 
     def new_part(prefix: bytes, source_offset: int) -> None:
         nonlocal fd, part_written, tail
@@ -323,59 +217,42 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
         parts.append(out)
         offsets.append(source_offset)
         os.write(fd, prefix)
-        part_written, tail = len(prefix), prefix[-TAIL_KEEP:]
+        part_written, tail = len(prefix), prefix[-keep:]
 
     try:
-        with open(path, "rb") as f:
-            while True:
-                chunk = f.read(CHUNK // 4)  # ~4-8x that once decompressed
-                # a document under 64 bytes is still waiting in head at the end: one more pass for it
-                at_end = not chunk
-                if at_end and (array_start is not None or not head):
-                    break
-                compressed_read += len(chunk)
-                try:
-                    data = dec.decompress(chunk)
-                    while dec.eof and dec.unused_data:  # concatenated gzip members
-                        rest = dec.unused_data
-                        dec = zlib.decompressobj(wbits=31)
-                        data += dec.decompress(rest)
-                except zlib.error as e:
-                    raise InputError(path, f"compressed byte {compressed_read}", f"valid gzip data ({e})") from None
-                data_offset = total_out  # source offset of data[0]
-                total_out += len(data)
-                if array_start is None:
-                    head += data
-                    if len(head) < 64 and not at_end:
+        # b"" marks the end: a document under 64 bytes is still waiting in head then, for one more pass
+        for data in itertools.chain(compression.chunks(path, CHUNK // 4), [b""]):  # ~4-8x that decompressed
+            at_end = not data
+            if at_end and (array_start is not None or not head):
+                break
+            data_offset = total_out  # source offset of data[0]
+            total_out += len(data)
+            if array_start is None:
+                head += data
+                if len(head) < 64 and not at_end:
+                    continue
+                kind = first_char(head[:CHUNK])
+                if kind == b"[":
+                    found = head.index(b"[")
+                elif kind != b"{":
+                    raise InputError(path, "byte 0", "expected a JSON object or array (a Chrome/Kineto trace)")
+                else:
+                    found = find_array_start(head, path)
+                    if found is None:
                         continue
-                    kind = first_char(head[:CHUNK])
-                    if kind == b"[":
-                        found = head.index(b"[")
-                    elif kind != b"{":
-                        raise InputError(path, "byte 0", "expected a JSON object or array (a Chrome/Kineto trace)")
-                    else:
-                        found = _find_array_start(head, path)
-                        if found is None:
-                            if at_end:
-                                break
-                            continue
-                    array_start = found
-                    data, data_offset, head = head[found:], found, head[:found]
-                    new_part(b"", found)
-                while len(data) > PART_TARGET - part_written:
-                    cut = find_boundary(data, max(0, PART_TARGET - part_written))
-                    if cut is None:
-                        break
-                    os.write(fd, data[: cut[0]])
-                    new_part(b"[", data_offset + cut[1] - 1)
-                    data, data_offset = data[cut[1] :], data_offset + cut[1]
-                os.write(fd, data)
-                part_written += len(data)
-                tail = (tail + data)[-TAIL_KEEP:]
-                if at_end:
+                array_start = found
+                data, data_offset, head = head[found:], found, head[:found]
+                new_part(b"", found)
+            while len(data) > PART_TARGET - part_written:
+                cut = find_boundary(data, max(0, PART_TARGET - part_written))
+                if cut is None:
                     break
-        if not dec.eof:
-            raise InputError(path, f"compressed byte {compressed_read}", "gzip stream ends early (truncated file)")
+                os.write(fd, data[: cut[0]])
+                new_part(b"[", data_offset + cut[1] - 1)
+                data, data_offset = data[cut[1] :], data_offset + cut[1]
+            os.write(fd, data)
+            part_written += len(data)
+            tail = (tail + data)[-keep:]
         if array_start is None:
             if first_char(head) == b"{":
                 raise InputError(path, f"byte {total_out}", 'expected a "traceEvents" array in the trace object')
@@ -383,16 +260,16 @@ def _stage_gzip(path: Path, tmpdir: str | None) -> Staged:
         meta = {}
         tail_off = total_out - len(tail)
         if first_char(head) == b"{":
-            meta = _parse_head(head.rsplit(KEY, 1)[0], path)
-            close, tail_meta = _split_tail(tail, path, tail_off)
+            meta = parse_head(head.rsplit(KEY, 1)[0], path)
+            close, tail_meta = split_tail(tail, path, tail_off)
             meta.update(tail_meta)
             os.ftruncate(fd, part_written - len(tail) + close + 1)
         else:
             # the closing ']' is rewritten: the array may lack it, or end in a trailing comma
-            stop, _ = _array_end(tail, path, tail_off)
-            keep = part_written - len(tail) + stop
-            os.ftruncate(fd, keep)
-            os.lseek(fd, keep, os.SEEK_SET)
+            stop, _ = array_end(tail, path, tail_off)
+            keep_bytes = part_written - len(tail) + stop
+            os.ftruncate(fd, keep_bytes)
+            os.lseek(fd, keep_bytes, os.SEEK_SET)
             os.write(fd, b"]")
     except BaseException:
         if fd >= 0:

@@ -1,4 +1,4 @@
-"""PyTorch profiler (Kineto) Chrome-trace JSON -> event_rows, runs, processes, threads, streams.
+"""PyTorch profiler (Kineto) and other Chrome-trace JSON -> event_rows of one run.
 
 The events array is parsed by DuckDB in parallel (see json_slice for why it is cut into parts first)
 into a plain table, and every public column is derived from it in one SQL statement.
@@ -14,17 +14,79 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from pathlib import Path
 
 import orjson
 
 from tracekit.db.schema import CATEGORY_KINDS, DEVICE_KINDS
 from tracekit.errors import InputError
-from tracekit.parsers import chrome_pairs
+from tracekit.parsers import chrome_pairs, json_slice
+from tracekit.parsers.json_array import first_char
 from tracekit.parsers.json_slice import Staged
+from tracekit.parsers.rows import Export, Reload
 
 FORMAT = "kineto"
+DESCRIPTION = "Chrome/Kineto trace JSON (object or array)"
 CHROME_FORMAT = "chrome_json"  # a Chrome trace from another producer: phases or keys Kineto never writes
+TAKES_LOGS = True
+READ_AHEAD = True  # staging is file copies and zlib, which release the GIL
+
+OBJECT_KEY = re.compile(rb'"traceEvents"\s*:')
+EVENT_KEY = re.compile(rb'^\[\s*\{.*?"ph"\s*:', re.DOTALL)
+EVENT_SNIFF = 1 << 16
+
+
+def sniff(head: bytes, name: str, **_) -> bool:
+    """A trace object whose `traceEvents` key is in the head, or an array whose first event has a phase."""
+    start = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if start[:1] == b"{":
+        return OBJECT_KEY.search(start) is not None
+    return start[:1] == b"[" and EVENT_KEY.match(start[:EVENT_SNIFF]) is not None
+
+
+def fallback(head: bytes) -> bool:
+    """Any other JSON, and nothing at all (a missing or empty file): read as a trace, whose errors say
+    what it lacks (a `traceEvents` array, a closing bracket...)."""
+    return first_char(head) in (b"{", b"[", b"")
+
+
+def read(path: Path, tmpdir: str | None = None, **_) -> Export:
+    """The trace staged into array parts (json_slice) with its metadata; the events are parsed by
+    DuckDB when the Export is loaded."""
+    staged = json_slice.stage(Path(path), tmpdir)
+    meta = staged.metadata
+    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    export = Export(
+        source=staged.source,
+        format=FORMAT,
+        bytes_read=staged.bytes_read,
+        device_properties=meta.get("deviceProperties"),
+        metadata={k: v for k, v in meta.items() if k != "deviceProperties"},
+        base_time_ns=_base_time_ns(meta) or None,
+        world_size=dist.get("world_size") if isinstance(dist.get("world_size"), int) else None,
+        cleanup=staged.cleanup,
+    )
+    if isinstance(dist.get("rank"), int):
+        export.rank, export.rank_source = dist["rank"], "distributedInfo"
+    options: dict = {}
+
+    def loader(con, run_id: int, offset: int = 0) -> None:
+        try:
+            counts = load(con, staged, run_id, **options)
+        except _ReadAgain as again:
+            options.update(again.options)
+            raise Reload from None
+        if offset:
+            con.execute("UPDATE event_rows SET ts_ns = ts_ns + ? WHERE run_id = ?", [offset, run_id])
+        export.format = counts["format"]
+        export.read = Counter({"trace event": counts["events_read"]})
+        export.skipped = Counter(counts["skipped_reasons"])
+        export.notes = counts["notes"]
+
+    export.loader = loader
+    return export
+
 
 # Every key the Trace Event Format and Kineto define for an event. Keys outside this set are found
 # by sampling (see _sample_keys) and kept in event_rows.extra.
@@ -43,8 +105,6 @@ EVENT_COLUMNS = {
 }
 
 FLOW_CATEGORIES = ("ac2g", "async_cpu_to_gpu", "async", "fwdbwd")
-
-RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
 
 def _sql_str(value: str) -> str:
@@ -111,7 +171,7 @@ DEFAULT_MAX_OBJECT = 16 << 20
 MAX_OBJECT_LIMIT = 1 << 30
 
 
-class Reload(Exception):
+class _ReadAgain(Exception):
     """The file must be read again, inside a fresh transaction, with these load options."""
 
     def __init__(self, **options):
@@ -130,7 +190,7 @@ def load(
 ) -> dict:
     """Insert one staged trace as run `run_id`; returns counts for the ingest log.
 
-    Malformed JSON is fatal (with its position). Raises Reload when a second read is needed: for
+    Malformed JSON is fatal (with its position). Raises _ReadAgain when a second read is needed: for
     well-formed elements that are not objects (a number, a string), which ignore_errors turns into
     empty rows counted as skipped; for an event larger than DuckDB's read buffer (a huge stack or
     args); for a double-typed read that lost timestamp fractions; and for a generic Chrome trace whose
@@ -149,16 +209,16 @@ def load(
     try:
         counts = _load(con, staged, run_id, **options)
     except _GenericKeysNeeded:
-        raise Reload(**{**options, "generic_keys": True}) from None
+        raise _ReadAgain(**{**options, "generic_keys": True}) from None
     except InputError as e:
         text = str(e).lower()
         if "transform error" in text and not ignore_errors:
-            raise Reload(**{**options, "ignore_errors": True}) from None
+            raise _ReadAgain(**{**options, "ignore_errors": True}) from None
         if "maximum_object_size" in text and max_object_bytes < MAX_OBJECT_LIMIT:
-            raise Reload(**{**options, "max_object_bytes": min(max_object_bytes * 16, MAX_OBJECT_LIMIT)}) from None
+            raise _ReadAgain(**{**options, "max_object_bytes": min(max_object_bytes * 16, MAX_OBJECT_LIMIT)}) from None
         raise
     if not exact and _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
-        raise Reload(**{**options, "exact": True})
+        raise _ReadAgain(**{**options, "exact": True})
     counts["notes"]["ts_type"] = "DECIMAL(38,3)" if exact else "DOUBLE"
     if exact and not exact_json_decimals():
         counts["notes"]["ts_precision"] = (
@@ -374,95 +434,3 @@ def _syntax_error(staged: Staged, part_name: str) -> InputError | None:
         unit = "byte (decompressed)" if staged.compressed else "byte"
         return InputError(staged.source, f"{unit} {where}", f"expected well-formed JSON ({e.msg})")
     return None
-
-
-def describe_run(staged: Staged, rank_override: int | None, label: str | None) -> dict:
-    """The runs row for a staged file: rank from distributedInfo, else the file name, else --rank."""
-    meta = staged.metadata
-    dist = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    rank, world, source = None, dist.get("world_size"), None
-    if isinstance(dist.get("rank"), int):
-        rank, source = dist["rank"], "distributedInfo"
-    else:
-        m = RANK_IN_NAME.search(staged.source.name)
-        if m:
-            rank, source = int(m.group(1)), "file name"
-        elif rank_override is not None:
-            rank, source = rank_override, "--rank"
-    devices = meta.get("deviceProperties")
-    rest = {k: v for k, v in meta.items() if k != "deviceProperties"}
-    return {
-        "source": str(staged.source),
-        "format": FORMAT,
-        "label": label or _stem(staged.source),
-        "rank": rank,
-        "world_size": world if isinstance(world, int) else None,
-        "rank_source": source,
-        "device_properties": orjson.dumps(devices).decode() if devices is not None else None,
-        "metadata": orjson.dumps(rest, default=str).decode(),
-        "base_time_ns": _base_time_ns(meta) or None,
-    }
-
-
-def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in (".gz", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
-
-
-def fill_entities(con, run_id: int) -> None:
-    """processes / threads / streams from metadata events and from the tracks events use."""
-    con.execute(
-        """
-        INSERT INTO processes
-        SELECT ?, pid,
-               max(CASE WHEN name = 'process_name' THEN args->>'name' END),
-               max(CASE WHEN name = 'process_labels' THEN args->>'labels' END),
-               max(CASE WHEN name = 'process_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END)
-        FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND pid IS NOT NULL
-          AND name IN ('process_name', 'process_labels', 'process_sort_index')
-        GROUP BY pid
-        """,
-        [run_id, run_id],
-    )
-    device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
-    con.execute(
-        f"""
-        INSERT INTO threads
-        WITH named AS (
-            SELECT pid, tid,
-                   -- a thread can be named twice (its Python name and the interpreter's); keep the specific one
-                   arg_min(args->>'name', (args->>'name' SIMILAR TO '.*\\((python[0-9.]*|pt_main_thread)\\)', rowid))
-                       FILTER (WHERE name = 'thread_name') AS name,
-                   max(CASE WHEN name = 'thread_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END) AS sort_index
-            FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND tid IS NOT NULL AND pid IS NOT NULL
-              AND name IN ('thread_name', 'thread_sort_index')
-            GROUP BY pid, tid
-        ), used AS (
-            SELECT DISTINCT pid, tid FROM event_rows
-            WHERE run_id = ? AND kind NOT IN ('metadata', {device_kinds}) AND pid IS NOT NULL AND tid IS NOT NULL
-              AND NOT (kind = 'flow' AND ph = 'f')
-        )
-        , device_tracks AS (
-            SELECT DISTINCT pid, tid FROM event_rows WHERE run_id = ? AND kind IN ({device_kinds})
-        )
-        SELECT ?, t.pid, t.tid, t.name, t.sort_index
-        FROM (SELECT pid, tid, named.name, named.sort_index FROM used FULL OUTER JOIN named USING (pid, tid)) t
-        ANTI JOIN device_tracks d ON t.pid = d.pid AND t.tid = d.tid
-        """,
-        [run_id, run_id, run_id, run_id],
-    )
-    con.execute(
-        f"""
-        INSERT INTO streams
-        SELECT ?, s.device, s.stream, max(m.args->>'name')
-        FROM (SELECT DISTINCT device, stream FROM event_rows
-              WHERE run_id = ? AND kind IN ({device_kinds}) AND device IS NOT NULL AND stream IS NOT NULL) s
-        LEFT JOIN event_rows m ON m.run_id = ? AND m.kind = 'metadata' AND m.name = 'thread_name'
-             AND m.pid = s.device AND m.tid = s.stream
-        GROUP BY s.device, s.stream
-        """,
-        [run_id, run_id, run_id],
-    )

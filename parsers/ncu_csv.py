@@ -11,15 +11,18 @@ and parsed to a double where they are numbers.
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers.rows import Export
 
 FORMAT = "ncu_csv"
+DESCRIPTION = "Nsight Compute CSV"
 
 # Launch-identifying columns, as ncu writes them; everything else in a wide file is a metric.
 LAUNCH_COLUMNS = {
@@ -77,23 +80,13 @@ class NcuTable:
     lines_read: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
     layout: str = ""
+    bytes_read: int = 0
 
 
-def is_ncu_csv(head: bytes) -> bool:
-    text = head.decode("utf-8", "ignore")
+def sniff(head: bytes, name: str, **_) -> bool:
+    """An ncu --csv file, judged by its header."""
+    text = head[: 1 << 16].decode("utf-8", "ignore")
     return '"Kernel Name"' in text and ('"Metric Name"' in text or '"ID"' in text)
-
-
-def is_ncu_path(path: Path) -> bool:
-    """An ncu --csv file (plain or gzip), judged by its header; never raises."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
-        if head[:2] == b"\x1f\x8b":
-            head = gzip.decompress(Path(path).read_bytes())[: 1 << 16]
-    except (OSError, EOFError):
-        return False
-    return is_ncu_csv(head)
 
 
 def parse_number(text: str) -> float | None:
@@ -104,17 +97,23 @@ def parse_number(text: str) -> float | None:
     return float(t.replace(",", ""))
 
 
-def read(path: Path) -> NcuTable:
+def read(path: Path, **_) -> Export:
+    """The metric rows, inserted into `ncu_metrics` when loaded: each metric value is an item read."""
+    table = parse(path)
+    out = Export(source=Path(path), format=FORMAT, bytes_read=table.bytes_read, skipped=Counter(table.skipped),
+                 notes={"layout": table.layout, "unit": "one metric value of one launch"},
+                 metadata={"layout": table.layout})  # fmt: skip
+    out.read["metric value"] = len(table.rows) + sum(table.skipped.values())
+    out.loader = lambda con, run_id, offset=0: load(con, table, run_id)
+    return out
+
+
+def parse(path: Path) -> NcuTable:
     path = Path(path)
-    raw = path.read_bytes()
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
-            raise InputError(path, "gzip", f"valid gzip data ({e})") from None
+    raw = compression.read_bytes(path)
     text = raw.decode("utf-8", "replace")
     lines = text.splitlines()
-    table = NcuTable()
+    table = NcuTable(bytes_read=len(raw))
     # profiler chatter (==PROF==, ==WARNING==, blank) is not data
     data_lines = []
     for line in lines:

@@ -31,10 +31,12 @@ from pathlib import Path
 
 import orjson
 
+from tracekit import compression
 from tracekit.errors import InputError
 from tracekit.parsers.rows import Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
 
 FORMAT = "nsys_sqlite"
+DESCRIPTION = "Nsight Systems SQLite export"
 MAGIC = b"SQLite format 3\x00"
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
@@ -61,13 +63,9 @@ OTHER_CLASS = "runtime row of another event class (not CUDA runtime/driver)"
 BATCH_ROWS = 250_000  # rows fetched, converted and inserted at a time: the reader's memory bound
 
 
-def is_nsys_path(path: Path) -> bool:
-    """A SQLite database file (judged by its 16-byte header); never raises."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(16) == MAGIC
-    except OSError:
-        return False
+def sniff(head: bytes, name: str, **_) -> bool:
+    """A SQLite database file (judged by its 16-byte header)."""
+    return head[:16] == MAGIC
 
 
 def _pid(global_tid):
@@ -78,23 +76,38 @@ def _connect(path: Path):
     return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
 
 
-def read(path: Path, batch_rows: int = BATCH_ROWS) -> Export:
+def read(path: Path, batch_rows: int = BATCH_ROWS, tmpdir: str | None = None, **_) -> Export:
     """The export's run-level facts now and its event tables when the Export's loader runs (every row
-    ingested or counted as skipped); InputError for a file that is not a readable nsys export."""
+    ingested or counted as skipped); InputError for a file that is not a readable nsys export. SQLite
+    reads a database in place, so a compressed export is read from a decompressed copy in `tmpdir`."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            head = f.read(16)
+        compressed = compression.kind(path) is not None
     except OSError as e:
         raise InputError(path, "file", f"expected a readable file ({e.strerror})") from None
+    database = compression.decompressed_copy(path, tmpdir) if compressed else path
+    try:
+        export = _open(path, database, batch_rows)
+    except BaseException:
+        if compressed:
+            database.unlink(missing_ok=True)
+        raise
+    if compressed:
+        export.cleanup = lambda: database.unlink(missing_ok=True)
+    return export
+
+
+def _open(path: Path, database: Path, batch_rows: int) -> Export:
+    with open(database, "rb") as f:
+        head = f.read(16)
     if head != MAGIC:
         raise InputError(path, "byte 0", "expected an Nsight Systems SQLite export (SQLite header)")
     try:
-        con = _connect(path)
+        con = _connect(database)
     except sqlite3.Error as e:
         raise InputError(path, "database", f"expected a readable SQLite database ({e})") from None
     try:
-        return _read(con, path, batch_rows)
+        return _read(con, path, database, batch_rows)
     except sqlite3.Error as e:
         raise InputError(path, "database", f"expected a readable Nsight Systems SQLite export ({e})") from None
     finally:
@@ -120,13 +133,13 @@ def _select(con, table: str, wanted: list[str], where: str = ""):
         yield d
 
 
-def _read(con, path: Path, batch_rows: int) -> Export:
+def _read(con, path: Path, database: Path, batch_rows: int) -> Export:
     tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     if not any(t.startswith("CUPTI_ACTIVITY_KIND_") for t in tables) and NVTX not in tables:
         raise InputError(
             path, "tables", "expected an Nsight Systems export: no CUPTI_ACTIVITY_KIND_* or NVTX_EVENTS table"
         )
-    out = Export(path)
+    out = Export(path, format=FORMAT)
     base = 0
     if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(con, "TARGET_INFO_SESSION_START_TIME"):
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
@@ -160,9 +173,9 @@ def _read(con, path: Path, batch_rows: int) -> Export:
         out.notes["correlation"] = "several processes: correlation = pid * 2**32 + correlationId (raw id in args)"
 
     def loader(duck, run_id: int, offset: int = 0) -> None:
-        src = _connect(path)
+        src = _connect(database)
         try:
-            _load(src, duck, out, present, "StringIds" in tables, run_id, base + offset, multi, batch_rows)
+            _load(src, duck, out, database, present, "StringIds" in tables, run_id, base + offset, multi, batch_rows)
         except sqlite3.Error as e:
             raise InputError(path, "database", f"expected a readable Nsight Systems SQLite export ({e})") from None
         finally:
@@ -422,7 +435,7 @@ def _with_lookups(batch, lookups: dict, tables: dict):
     return batch
 
 
-def _read_ahead(path: Path, wanted: dict, batch_rows: int, tables: dict):
+def _read_ahead(database: Path, path: Path, wanted: dict, batch_rows: int, tables: dict):
     """(table, rows, Arrow batch with its lookups) of every table in turn, fetched, parsed and looked up
     on a thread of its own while the caller inserts the previous batch (SQLite, Arrow and DuckDB all
     release the GIL); at most three batches are alive at once."""
@@ -443,7 +456,7 @@ def _read_ahead(path: Path, wanted: dict, batch_rows: int, tables: dict):
 
     def produce() -> None:
         try:
-            src = _connect(path)
+            src = _connect(database)
             try:
                 for table, (cols, have, lookups) in wanted.items():
                     for n, batch in _batches(src, path, table, cols, have, batch_rows):
@@ -467,7 +480,7 @@ def _read_ahead(path: Path, wanted: dict, batch_rows: int, tables: dict):
         thread.join()
 
 
-def _load(src, duck, out: Export, present: list[str], has_strings: bool, run_id: int, shift: int, multi: bool,
+def _load(src, duck, out: Export, database: Path, present: list[str], has_strings: bool, run_id: int, shift: int, multi: bool,
           batch_rows: int) -> None:  # fmt: skip
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -495,7 +508,7 @@ def _load(src, duck, out: Export, present: list[str], has_strings: bool, run_id:
     threads = duck.execute("SELECT current_setting('threads')").fetchone()[0]
     duck.execute("SET threads = 1")
     try:
-        for table, n, _nsys_batch in _read_ahead(out.source, wanted, batch_rows, tables):  # noqa: B007
+        for table, n, _nsys_batch in _read_ahead(database, out.source, wanted, batch_rows, tables):  # noqa: B007
             insert, counts = statements[table]
             duck.execute(insert)
             for reason, detail, k in duck.execute(counts).fetchall():
@@ -508,6 +521,3 @@ def _load(src, duck, out: Export, present: list[str], has_strings: bool, run_id:
     if classes:
         out.notes["runtime_other_event_classes"] = {str(k): v for k, v in sorted(classes.items())}
     out.notes["rows_read"] = dict(out.read)
-
-
-detect = is_nsys_path  # the row-reader interface (tracekit.ingest.ROW_READERS)

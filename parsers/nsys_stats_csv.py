@@ -16,27 +16,22 @@ from pathlib import Path
 
 import orjson
 
+from tracekit import compression
 from tracekit.errors import InputError
 from tracekit.parsers.rows import Export
 
 FORMAT = "nsys_stats_csv"
+DESCRIPTION = "nsys stats CSV trace report"
 
 
-def _header(path: Path) -> str:
-    with open(path, "rb") as f:
-        head = f.read(4096).decode("utf-8", "ignore")
-    return next((line for line in head.splitlines() if line.strip()), "")
+def _header(head: bytes) -> str:
+    text = head[:4096].decode("utf-8", "ignore")
+    return next((line for line in text.splitlines() if line.strip()), "")
 
 
-def is_nsys_stats_path(path: Path) -> bool:
-    """A CSV whose first line is an nsys stats header (`Start (ns),...`); never raises."""
-    try:
-        return _header(Path(path)).lstrip('"').startswith("Start (ns)")
-    except OSError:
-        return False
-
-
-detect = is_nsys_stats_path  # the row-reader interface (tracekit.ingest.ROW_READERS)
+def sniff(head: bytes, name: str, **_) -> bool:
+    """A CSV whose first line is an nsys stats header (`Start (ns),...`)."""
+    return _header(head).lstrip('"').startswith("Start (ns)")
 
 
 def _int(value: str):
@@ -47,11 +42,12 @@ def _int(value: str):
         return None
 
 
-def read(path: Path) -> Export:
+def read(path: Path, **_) -> Export:
     path = Path(path)
-    rows = list(csv.DictReader(io.StringIO(path.read_text(errors="replace"))))
-    header = set(rows[0]) if rows else set(next(csv.reader([_header(path)]), []))
-    out = Export(source=path)
+    data = compression.read_bytes(path)
+    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8", "replace"), newline=None)))
+    header = set(rows[0]) if rows else set(next(csv.reader([_header(data)]), []))
+    out = Export(source=path, format=FORMAT, bytes_read=len(data))
     if {"Start (ns)", "End (ns)", "Name", "PID", "TID"} <= header:
         report = "nvtx_trace"
     elif {"Start (ns)", "Duration (ns)", "Name"} <= header and ("CorrId" in header or "GrdX" in header):

@@ -3,8 +3,8 @@
 A report is a table with one row per check: condition columns (precision, variant, sequence
 length, partitions, anything else) and error columns. Error columns are those whose name contains
 `err` (case-insensitive), or the names given in `metrics`. Formats: CSV (`.csv`), JSON (`.json`,
-an array of objects), JSON Lines (`.jsonl`, `.ndjson`) and Parquet (`.parquet`); DuckDB reads
-them all, so every format of the same rows gives the same table. `tracekit.numerics.compare` and
+an array of objects), JSON Lines (`.jsonl`, `.ndjson`) and Parquet (`.parquet`), by suffix, else by
+content; DuckDB reads them all, so every format of the same rows gives the same table. `tracekit.numerics.compare` and
 `write_report` make such reports.
 """
 
@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers.rows import Export
 
 FORMAT = "numerics_report"
+DESCRIPTION = "numerics report"
 SUFFIXES = (".csv", ".json", ".jsonl", ".ndjson", ".parquet")
 
 # Typed copies of well-known conditions: first column present (case-insensitive) wins.
@@ -58,8 +62,8 @@ def _is_metric(name: str, metrics: tuple[str, ...]) -> bool:
     return name in metrics if metrics else "err" in name.lower()
 
 
-def _file_format(path: Path) -> str | None:
-    name = path.name.lower()
+def _file_format(head: bytes, name: str) -> str | None:
+    name = compression.strip_suffix(name).lower()
     for suffix, fmt in (
         (".csv", "csv"),
         (".jsonl", "jsonl"),
@@ -69,17 +73,13 @@ def _file_format(path: Path) -> str | None:
     ):
         if name.endswith(suffix):
             return fmt
-    return _sniff_format(path)
+    return _sniff_format(head)
 
 
-def _sniff_format(path: Path) -> str | None:
+def _sniff_format(head: bytes) -> str | None:
     """The layout of a report whose name says nothing (`report.dat`, a pipe's temp file), from its
-    first bytes; gzip and anything else are not a numerics report."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096)
-    except OSError:
-        return None
+    first bytes."""
+    head = head[:4096]
     if head.startswith(b"PAR1"):
         return "parquet"
     text = head.decode("utf-8", "ignore").lstrip("\ufeff \t\r\n")
@@ -91,37 +91,35 @@ def _sniff_format(path: Path) -> str | None:
     return "csv" if "," in first and "\x00" not in text else None
 
 
-def is_numerics_path(path: Path, metrics: tuple[str, ...] = ()) -> bool:
+def sniff(head: bytes, name: str, metrics: tuple[str, ...] = (), **_) -> bool:
     """A report judged by suffix and header: some column is an error metric (its name contains
-    `err`, or is one of `metrics`); never raises. Nsight Compute CSVs, Kineto traces
-    (`ph`/`traceEvents`) and runtime logs (`ts_ns`) are not."""
-    path = Path(path)
-    is_metric = lambda name: _is_metric(name, metrics) if metrics else "err" in name.lower()  # noqa: E731
-    fmt = _file_format(path)
+    `err`, or is one of `metrics`). Nsight Compute CSVs, Kineto traces (`ph`/`traceEvents`) and
+    runtime logs (`ts_ns`) are not. A Parquet file's columns are in its footer, not its head: any
+    Parquet file is taken for a report, and reading it says when it has no error column."""
+    metrics = tuple(metrics)
+    fmt = _file_format(head, name)
     if fmt is None:
         return False
+    if fmt == "parquet":
+        return head.startswith(b"PAR1")
     try:
-        if fmt == "parquet":
-            return any(is_metric(c) for c in _columns(path, fmt))
-        with open(path, "rb") as f:
-            head = f.read(1 << 16).decode("utf-8", "ignore")
+        text = head[: 1 << 16].decode("utf-8", "ignore")
+        first = next((line for line in text.splitlines() if line.strip()), "")
         if fmt == "csv":
-            first = next((line for line in head.splitlines() if line.strip()), "")
-            if '"Kernel Name"' in head or first.startswith("=="):
+            if '"Kernel Name"' in text or first.startswith("=="):
                 return False
-            return any(is_metric(c.strip().strip('"')) for c in first.split(","))
+            return any(_is_metric(c.strip().strip('"'), metrics) for c in first.split(","))
         if fmt == "jsonl":
-            first = next((line for line in head.splitlines() if line.strip()), "")
             obj = json.loads(first)
-            return isinstance(obj, dict) and "ts_ns" not in obj and any(is_metric(k) for k in obj)
+            return isinstance(obj, dict) and "ts_ns" not in obj and any(_is_metric(k, metrics) for k in obj)
         # .json: an array of flat objects; traces are objects, or arrays of events with "ph".
         # Only the first object is decoded, from the head: a large trace is never read whole.
-        text = head.lstrip()
+        text = text.lstrip()
         if not text.startswith("["):
             return False
-        first, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
-        return isinstance(first, dict) and "ph" not in first and any(is_metric(k) for k in first)
-    except Exception:
+        first_obj, _ = json.JSONDecoder().raw_decode(text[1:].lstrip())
+        return isinstance(first_obj, dict) and "ph" not in first_obj and any(_is_metric(k, metrics) for k in first_obj)
+    except (ValueError, RecursionError):
         return False
 
 
@@ -134,26 +132,38 @@ def _reader(fmt: str) -> str:
     }[fmt]
 
 
-def _columns(path: Path, fmt: str) -> list[str]:
-    import duckdb
+def read(path: Path, metrics: tuple[str, ...] = (), tmpdir: str | None = None, **_) -> Export:
+    """The report's rows, inserted into `numerics` when loaded: each error value is an item read."""
+    table = parse(path, metrics, tmpdir)
+    notes = {
+        "unit": "one error metric of one check row",
+        "file_format": table.file_format,
+        "checks": table.checks,
+        "metrics": table.metrics,
+        "conditions": table.conditions,
+        "typed_conditions": table.typed,
+    }
+    out = Export(source=Path(path), format=FORMAT, notes=notes, metadata=dict(notes), skipped=Counter(table.skipped))
+    out.read["error value"] = len(table.rows) + sum(table.skipped.values())
+    out.loader = lambda con, run_id, offset=0: load(con, table, run_id)
+    return out
 
-    con = duckdb.connect()
-    try:
-        return [r[0] for r in con.execute(f"DESCRIBE SELECT * FROM {_reader(fmt)}", [str(path)]).fetchall()]
-    finally:
-        con.close()
 
-
-def read(path: Path, metrics: tuple[str, ...] = ()) -> NumericsTable:
+def parse(path: Path, metrics: tuple[str, ...] = (), tmpdir: str | None = None) -> NumericsTable:
     import duckdb
 
     path = Path(path)
-    fmt = _file_format(path)
+    try:
+        fmt = _file_format(compression.head(path, 4096), path.name)
+        compressed = compression.kind(path) is not None
+    except OSError as e:
+        raise InputError(path, "file", f"expected a readable file ({e.strerror})") from None
     if fmt is None:
         raise InputError(path, "file name", f"a numerics report ending in {', '.join(SUFFIXES)}")
+    local = compression.decompressed_copy(path, tmpdir) if compressed else path  # DuckDB reads files in place
     con = duckdb.connect()
     try:
-        cur = con.execute(f"SELECT * FROM {_reader(fmt)}", [str(path)])
+        cur = con.execute(f"SELECT * FROM {_reader(fmt)}", [str(local)])
         cols = [d[0] for d in cur.description]
         data = cur.fetchall()
     except duckdb.Error as e:
@@ -162,6 +172,8 @@ def read(path: Path, metrics: tuple[str, ...] = ()) -> NumericsTable:
         ) from None
     finally:
         con.close()
+        if compressed:
+            local.unlink()
     table = NumericsTable(file_format=fmt)
     table.metrics = [c for c in cols if _is_metric(c, metrics)]
     if not table.metrics:

@@ -25,10 +25,11 @@ from pathlib import Path
 
 import orjson
 
-from tracekit.errors import InputError
+from tracekit import compression
 from tracekit.parsers.rows import Export
 
 FORMAT = "otlp_json"
+DESCRIPTION = "OTLP/JSON spans"
 ATTACHABLE = True
 KIND = "span"
 SNIFF_BYTES = 1 << 16
@@ -36,15 +37,10 @@ FIRST_KEY = re.compile(rb'\s*\{\s*"resourceSpans"\s*:')
 SPAN_KINDS = {0: "UNSPECIFIED", 1: "INTERNAL", 2: "SERVER", 3: "CLIENT", 4: "PRODUCER", 5: "CONSUMER"}
 
 
-def detect(path: Path) -> bool:
-    """A JSON object whose first key is `resourceSpans` (one per line, or one pretty-printed). Never raises."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(SNIFF_BYTES)
-    except OSError:
-        return False
+def sniff(head: bytes, name: str, **_) -> bool:
+    """A JSON object whose first key is `resourceSpans` (one per line, or one pretty-printed)."""
     # a first line longer than the sample is still recognised by its leading key
-    return bool(FIRST_KEY.match(head))
+    return bool(FIRST_KEY.match(head[:SNIFF_BYTES]))
 
 
 def _value(v):
@@ -85,13 +81,10 @@ def _synthetic_pid(service: str) -> int:
     return int.from_bytes(hashlib.sha256(service.encode()).digest()[:6], "big")
 
 
-def read(path: Path) -> Export:
+def read(path: Path, **_) -> Export:
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise InputError(path, "byte 0", f"a readable OTLP/JSON file ({e.strerror})") from None
-    out = Export(source=path)
+    data = compression.read_bytes(path)
+    out = Export(source=path, format=FORMAT, bytes_read=len(data))
     resources = {}
     lines = data.split(b"\n")
     if lines and lines[0].strip() in (b"{", b""):

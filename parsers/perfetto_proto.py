@@ -1,4 +1,4 @@
-"""Perfetto protobuf trace (a stream of TracePacket, optionally gzipped) -> event_rows of one run.
+"""Perfetto protobuf trace (a stream of TracePacket, optionally compressed) -> event_rows of one run.
 
 The file is a protobuf `Trace`: field 1 (TracePacket) repeated, each `0x0a <varint length> <bytes>`.
 It is walked packet by packet (tag, length, payload), so memory stays bounded by one packet plus the
@@ -59,13 +59,13 @@ from pathlib import Path
 
 import orjson
 
+from tracekit import compression
 from tracekit.errors import InputError
 from tracekit.parsers.rows import Export
 
 FORMAT = "perfetto_proto"
-GZIP_MAGIC = b"\x1f\x8b"
+DESCRIPTION = "Perfetto protobuf"
 PACKET_TAG = 0x0A  # field 1, wire type 2
-SNIFF_BYTES = 1 << 20
 SNIFF_PACKETS = 4
 CHUNK = 1 << 20
 SEQ_CLEARED, SEQ_NEEDS = 1, 2
@@ -115,31 +115,14 @@ def synthetic_tid(uuid: int) -> int:
     return -(1 + uuid % TID_MOD)
 
 
-# ---------------------------------------------------------------------------------------------- detect
+# ---------------------------------------------------------------------------------------------- sniff
 
 
-def _head(path: Path, size: int) -> bytes:
-    with open(path, "rb") as f:
-        raw = f.read(max(size, 64))
-        if raw[:2] != GZIP_MAGIC:
-            return raw[:size]
-        d = zlib.decompressobj(wbits=31)
-        out = d.decompress(raw, size)
-        while len(out) < size and not d.eof:
-            more = f.read(CHUNK)
-            if not more:
-                break
-            out += d.decompress(d.unconsumed_tail + more, size - len(out))
-        return out
-
-
-def detect(path) -> bool:
+def sniff(head: bytes, name: str, **_) -> bool:
     """True when the content is a TracePacket stream: the first packets chain, parse and each sets a known field."""
+    if not head or head[0] != PACKET_TAG:
+        return False  # cheap: most files are told apart by their first byte
     try:
-        first = _head(Path(path), 1)
-        if not first or first[0] != PACKET_TAG:
-            return False  # cheap: most files are told apart by their first byte
-        head = _head(Path(path), SNIFF_BYTES)
         pb = _pb()
         pos, checked = 0, 0
         while checked < SNIFF_PACKETS and pos < len(head):
@@ -156,73 +139,43 @@ def detect(path) -> bool:
             checked += 1
             pos = start + length
         return checked > 0
-    except Exception:  # detect never raises: anything unreadable is simply not ours
+    except Exception:  # anything unreadable is simply not ours
         return False
 
 
 # ---------------------------------------------------------------------------------------------- stream
 
 
-def _chunks(path: Path):
-    """The file's bytes (decompressed) in pieces; a gzip stream that is cut or corrupt ends with a str saying so."""
+def _where(path: Path) -> str:
+    """How an offset is named: in the decompressed stream for a compressed file."""
     try:
-        f = open(path, "rb")
-    except OSError as e:
-        raise InputError(path, "file", f"expected a readable file ({e.strerror})") from None
-    with f:
-        first = f.read(CHUNK)
-        if first[:2] != GZIP_MAGIC:
-            while first:
-                yield first
-                first = f.read(CHUNK)
-            return
-        d, raw, total = zlib.decompressobj(wbits=31), first, 0
-        while True:
-            try:
-                out = d.decompress(raw)
-            except zlib.error as e:
-                yield f"corrupt gzip stream after decompressed byte {total}: {e}"
-                return
-            total += len(out)
-            if out:
-                yield out
-            if d.eof and d.unused_data:  # concatenated gzip members
-                raw, d = d.unused_data, zlib.decompressobj(wbits=31)
-                continue
-            raw = f.read(CHUNK)
-            if not raw:
-                if not d.eof:
-                    yield f"the gzip stream is truncated after decompressed byte {total}"
-                return
-
-
-def _is_gzip(path: Path) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(2) == GZIP_MAGIC
+        return "decompressed byte" if compression.kind(path) else "byte"
     except OSError:
-        return False  # _chunks reports the unreadable file
+        return "byte"
 
 
 def _packets(path: Path):
     """(byte offset, payload) of each packet; InputError at the offset of the packet that is cut or wrong.
 
-    Offsets are in the decompressed stream for a gzipped file.
+    Offsets are in the decompressed stream for a compressed file.
     """
-    where = "decompressed byte" if _is_gzip(path) else "byte"
-    chunks = _chunks(path)
+    where = _where(path)
+    chunks = compression.chunks(path, CHUNK)
     buf, base = b"", 0  # buf holds stream bytes [base, base + len(buf))
     pos = 0
     done = False
-    broken = None  # why a gzip stream ended early
+    broken = None  # why a compressed stream ended early
 
     def more() -> bool:
         nonlocal buf, base, pos, done, broken
         if done:
             return False
-        nxt = next(chunks, None)
-        if nxt is None or isinstance(nxt, str):
-            done, broken = True, nxt
+        try:
+            nxt = next(chunks, None)
+        except compression.BrokenStream as e:  # reported at the packet it cuts
+            nxt, broken = None, f"compressed data broken at {e.position}: {e.expected}"
+        if nxt is None:
+            done = True
             return False
         buf, base, pos = buf[pos:] + nxt, base + pos, 0
         return True
@@ -415,7 +368,7 @@ class _Reader:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.pb = _pb()
-        self.out = Export(path)
+        self.out = Export(path, format=FORMAT)
         self.seqs: dict[int, _Sequence] = {}
         self.tracks: dict[int, dict] = {}
         self.records: list[list] = []
@@ -462,7 +415,7 @@ class _Reader:
         try:
             p = self._from_string(payload)
         except self._decode_error as e:
-            where = "decompressed byte" if _is_gzip(self.path) else "byte"
+            where = _where(self.path)
             raise InputError(self.path, f"{where} {offset}", f"expected a TracePacket ({e})") from None
         kind = p.WhichOneof("data") or "state only"
         read = self.out.read
@@ -597,7 +550,7 @@ class _Reader:
 
     def compressed(self, offset: int, blob: bytes) -> None:
         """A deflated run of packets (the service's packet compression): each inner packet counts as one."""
-        where = "decompressed byte" if _is_gzip(self.path) else "byte"
+        where = _where(self.path)
         try:
             data = zlib.decompress(blob)
         except zlib.error as e:
@@ -1112,7 +1065,7 @@ def _meta(name: str, pid: int, tid: int | None, value: str) -> tuple:
             orjson.dumps({"name": value}).decode(), None)  # fmt: skip
 
 
-def read(path) -> Export:
+def read(path, **_) -> Export:
     """Every packet of the trace decoded or counted as skipped; InputError at the first broken packet."""
     import gc
 

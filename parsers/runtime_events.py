@@ -4,7 +4,7 @@ One JSON object per line: `ts_ns` (integer epoch ns), `name` (string), optional 
 >= 0; absent or null for an instant), `pid`, `tid` (integers), `thread` (string); every other key is
 kept, as written, in `args` (the event's attributes). Blank lines are ignored. A line that is not
 valid JSON, not an object, or lacks/mistypes a required key is skipped and counted per reason;
-nothing in a log is fatal except an unreadable file (missing, broken gzip).
+nothing in a log is fatal except an unreadable file (missing, broken compression).
 
 Lines are parsed one by one with orjson (every line is checked, so skips are counted exactly); orjson
 turns integers beyond 64 bits into floats, so a line with such a number (a run of 20 digits, or 19
@@ -16,26 +16,24 @@ epoch time from its own steady clock, the log from whatever the writer used). Ev
 share - a complete runtime event and a Kineto `user_annotation` with the same name (paired k-th to
 k-th occurrence, names whose counts differ are left out) - measure the offset; its median is
 applied to every event of the log (see `align`) and the statistics go to `ingest_log.notes`.
+A log with no trace to join is a run of its own (`runs.format = 'runtime_events'`).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
 import re
 import statistics
-import tempfile
-import time
-import zlib
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import orjson
 
-from tracekit.errors import InputError
+from tracekit import compression
+from tracekit.parsers.rows import Export
 
 FORMAT = "runtime_events"
+DESCRIPTION = "runtime-event JSONL"
+ATTACHABLE = True
 KIND = "runtime_event"
 SUFFIXES = (".jsonl", ".jsonl.gz", ".ndjson", ".ndjson.gz")
 KNOWN_KEYS = ("ts_ns", "dur_ns", "name", "thread", "pid", "tid")
@@ -64,53 +62,19 @@ def _dumps(value) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _read_head(path: Path, size: int = SNIFF_BYTES) -> bytes:
-    with open(path, "rb") as f:
-        head = f.read(size)
-    if head[:2] == b"\x1f\x8b":
-        try:
-            return zlib.decompressobj(31).decompress(head, size)
-        except zlib.error:
-            return b""
-    return head
-
-
-def is_runtime_log(path: Path) -> bool:
-    """A .jsonl/.ndjson(.gz) file, or a file whose first non-blank line is a JSON object with ts_ns."""
-    name = path.name.lower()
-    if name.endswith(SUFFIXES):
+def sniff(head: bytes, name: str, **_) -> bool:
+    """A .jsonl/.ndjson(.gz) name, or a first non-blank line that is a JSON object with ts_ns."""
+    if name.lower().endswith(SUFFIXES):
         return True
-    try:
-        head = _read_head(path)
-    except OSError:
-        return False  # a missing file is reported by the trace reader, with its name
-    for line in head.splitlines():
+    for line in head[:SNIFF_BYTES].splitlines():
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             return False  # a trace object spread over lines, or a line cut off by the sample
         return isinstance(obj, dict) and "ts_ns" in obj
     return False
-
-
-@dataclass
-class RuntimeLog:
-    """A parsed log: valid events (dicts ready for event_rows) and the per-reason skip counts."""
-
-    source: Path
-    events: list = field(default_factory=list)
-    lines_read: int = 0  # non-blank lines
-    blank_lines: int = 0
-    skipped: dict = field(default_factory=dict)
-    bytes_read: int = 0
-    compressed: bool = False
-    parse_seconds: float = 0.0
-
-    @property
-    def events_skipped(self) -> int:
-        return sum(self.skipped.values())
 
 
 def _is_int(v) -> bool:
@@ -143,64 +107,62 @@ def _check(obj) -> str | None:
     return None
 
 
-def parse(path: Path) -> RuntimeLog:
-    """Read and check every line of a log (plain or gzip). Raises InputError only for an unreadable file."""
-    started = time.perf_counter()
+def _row(obj: dict, lineno: int) -> tuple:
+    attrs = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
+    dur, tid, thread = obj.get("dur_ns"), obj.get("tid"), obj.get("thread")
+    track = f"runtime_events/{thread}" if tid is None and thread is not None else "runtime_events"
+    extra = {"line": lineno} if thread is None else {"line": lineno, "thread": thread}
+    return (KIND, "i" if dur is None else "X", None, obj["name"], obj["ts_ns"], dur, obj.get("pid"), tid, track,
+            None, None, None, None, None, _dumps(attrs) if attrs else None, _dumps(extra))  # fmt: skip
+
+
+def read(path: Path, **_) -> Export:
+    """Every line read and checked, in line order. Raises InputError only for an unreadable file."""
     path = Path(path)
-    if not path.exists():
-        raise InputError(path, "open", "file not found")
-    if path.is_dir():
-        raise InputError(path, "open", "expected a runtime-event log (JSON Lines), got a directory")
-    with open(path, "rb") as f:
-        compressed = f.read(2) == b"\x1f\x8b"
-    try:
-        if compressed:
-            with gzip.open(path, "rb") as f:
-                data = f.read()
-        else:
-            data = path.read_bytes()
-    except (OSError, EOFError, zlib.error) as e:
-        raise InputError(path, "gzip stream", f"valid gzip data ({e})") from None
-    log = RuntimeLog(path, bytes_read=len(data), compressed=compressed)
-    skipped = log.skipped
+    data = compression.read_bytes(path)
+    out = Export(source=path, format=FORMAT, bytes_read=len(data), metadata=None)
     lines = data.split(b"\n")
     if lines and not lines[-1]:
         lines.pop()  # the newline that ends the last line
+    blank = 0
     for lineno, raw in enumerate(lines, start=1):
         if not raw.strip():
-            log.blank_lines += 1
+            blank += 1
             continue
-        log.lines_read += 1
+        out.read["line"] += 1
         try:
             obj = _decode(raw[3:] if lineno == 1 and raw.startswith(b"\xef\xbb\xbf") else raw)
         except ValueError:  # orjson.JSONDecodeError and UnicodeDecodeError are ValueErrors
-            skipped["malformed JSON"] = skipped.get("malformed JSON", 0) + 1
+            out.skipped["malformed JSON"] += 1
             continue
         reason = _check(obj)
         if reason:
-            skipped[reason] = skipped.get(reason, 0) + 1
+            out.skipped[reason] += 1
             continue
-        attrs = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
-        log.events.append(
-            {
-                "line": lineno,
-                "name": obj["name"],
-                "ts_ns": obj["ts_ns"],
-                "dur_ns": obj.get("dur_ns"),
-                "pid": obj.get("pid"),
-                "tid": obj.get("tid"),
-                "thread": obj.get("thread"),
-                "args": _dumps(attrs) if attrs else None,
-            }
-        )
-    log.parse_seconds = time.perf_counter() - started
-    return log
+        out.rows.append(_row(obj, lineno))
+    out.notes = _notes(out, blank)
+    return out
 
 
-def align(con, run_id: int, log: RuntimeLog, apply: bool = True) -> dict:
-    """Measure the log's clock offset against the Kineto run's user annotations; shift the log by the
-    median offset when `apply` and any pair exists. Returns the note for ingest_log."""
-    names = {e["name"] for e in log.events if e["dur_ns"] is not None}
+def _notes(out: Export, blank: int) -> dict:
+    notes: dict = {"clock": "epoch ns as written in ts_ns"}
+    if blank:
+        notes["blank_lines"] = blank
+    lines = sum(out.read.values())
+    if lines == 0:
+        notes["empty"] = "no events: the log has no non-blank lines"
+    elif not out.rows:
+        notes["no_valid_lines"] = f"all {lines} lines were skipped (see skipped_reasons)"
+    return notes
+
+
+def align(con, run_id: int, log: Export, trace: Export) -> dict:
+    """The log's clock offset against the trace run's user annotations (the median over the pairs,
+    `applied_offset_ns`; 0 when nothing is shared), with its statistics, for ingest_log.notes."""
+    if trace.base_time_ns is None:
+        log.notes["clock"] = "epoch ns as written; the trace has no baseTimeNanoseconds, so only an applied offset aligns them"
+    complete = [(r[3], r[4], r[5]) for r in log.rows if r[5] is not None]
+    names = {name for name, _, _ in complete}
     ref: dict[str, list] = {}
     if names:
         for name, ts, dur in con.execute(
@@ -211,9 +173,9 @@ def align(con, run_id: int, log: RuntimeLog, apply: bool = True) -> dict:
             if name in names:
                 ref.setdefault(name, []).append((ts, dur))
     mine: dict[str, list] = {}
-    for e in log.events:
-        if e["dur_ns"] is not None and e["name"] in ref:
-            mine.setdefault(e["name"], []).append((e["ts_ns"], e["dur_ns"]))
+    for name, ts, dur in complete:
+        if name in ref:
+            mine.setdefault(name, []).append((ts, dur))
     starts, ends, paired_names, mismatched = [], [], 0, 0
     for name, theirs in ref.items():
         ours = sorted(mine.get(name, []))
@@ -244,46 +206,13 @@ def align(con, run_id: int, log: RuntimeLog, apply: bool = True) -> dict:
             "max_abs_offset_ns": max(abs(o) for o in starts),
             "median_end_offset_ns": int(round(statistics.median(ends))),
             "residual_max_abs_ns": max(abs(o - median) for o in starts),
-            "applied_offset_ns": median if apply else 0,
+            "applied_offset_ns": median,
         }
     )
-    if apply and median:
-        for e in log.events:
-            e["ts_ns"] += median
     return note
 
 
-def insert(con, log: RuntimeLog, run_id: int, tmpdir: str | None = None) -> None:
-    """Append the log's events to event_rows as run `run_id`, in line order."""
-    if not log.events:
-        return
-    fd, name = tempfile.mkstemp(prefix="tracekit-rt-", suffix=".jsonl", dir=tmpdir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for e in log.events:
-                f.write(orjson.dumps(e).decode())  # args is already text
-                f.write("\n")
-        con.execute(
-            f"""
-            INSERT INTO event_rows
-            SELECT ?, '{KIND}', CASE WHEN dur_ns IS NULL THEN 'i' ELSE 'X' END, NULL, name, ts_ns, dur_ns,
-                   pid, tid,
-                   CASE WHEN tid IS NULL AND thread IS NOT NULL THEN 'runtime_events/' || thread ELSE 'runtime_events' END,
-                   NULL, NULL, NULL, NULL, NULL,
-                   CAST(args AS JSON),
-                   CASE WHEN thread IS NULL THEN json_object('line', line) ELSE json_object('line', line, 'thread', thread) END,
-                   NULL, NULL
-            FROM read_json(?, format = 'newline_delimited', columns = {{
-                'line': 'BIGINT', 'name': 'VARCHAR', 'ts_ns': 'BIGINT', 'dur_ns': 'BIGINT', 'pid': 'BIGINT',
-                'tid': 'BIGINT', 'thread': 'VARCHAR', 'args': 'VARCHAR'}})
-            """,
-            [run_id, name],
-        )
-    finally:
-        os.unlink(name)
-
-
-def add_threads(con, run_id: int) -> None:
+def derive(con, run_id: int) -> None:
     """Thread names a log gives (`thread` with a known tid) name the run's threads: fill a thread
     without a name, add one the trace does not have."""
     con.execute(
@@ -310,22 +239,3 @@ def add_threads(con, run_id: int) -> None:
         [run_id, run_id],
     )
     con.execute("DROP TABLE _rt_threads")
-
-
-def stem(path: Path) -> str:
-    name = path.name
-    for suffix in (".gz", ".jsonl", ".ndjson", ".json"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    return name
-
-
-def notes(log: RuntimeLog) -> dict:
-    out: dict = {"clock": "epoch ns as written in ts_ns"}
-    if log.blank_lines:
-        out["blank_lines"] = log.blank_lines
-    if log.lines_read == 0:
-        out["empty"] = "no events: the log has no non-blank lines"
-    elif not log.events:
-        out["no_valid_lines"] = f"all {log.lines_read} lines were skipped (see skipped_reasons)"
-    return out

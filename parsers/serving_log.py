@@ -26,18 +26,17 @@ Times are read as UTC and become epoch ns (second resolution; fractions kept whe
 from __future__ import annotations
 
 import calendar
-import gzip
 import re
-import zlib
 from pathlib import Path
 
 import orjson
 
-from tracekit.errors import InputError
+from tracekit import compression
 from tracekit.parsers.rows import Export
 
 FORMAT = "serving_log"
-ATTACHABLE = True  # the lead's ingest may attach these rows to a trace's run and shift them onto its clock
+DESCRIPTION = "SGLang/vLLM server log"
+ATTACHABLE = True  # joins a trace's run, shifted onto its clock by comparing the two time windows
 SNIFF_BYTES = 1 << 20
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
@@ -71,25 +70,13 @@ STATED = (
 )
 
 
-def _open_text(path: Path, limit: int | None = None) -> bytes:
-    with open(path, "rb") as f:
-        if limit:  # a sample: what a truncated gzip member holds is enough to recognise the log
-            head = f.read(limit)
-            return zlib.decompressobj(31).decompress(head, limit) if head[:2] == b"\x1f\x8b" else head
-        data = f.read()
-    return gzip.decompress(data) if data[:2] == b"\x1f\x8b" else data
-
-
 def _clean(raw: bytes) -> str:
     return ANSI.sub("", raw.decode("utf-8", "replace")).rstrip("\r")
 
 
-def detect(path: Path) -> bool:
-    """A text log with an SGLang/vLLM timestamp prefix or statistics line; never JSON. Never raises."""
-    try:
-        head = _open_text(Path(path), SNIFF_BYTES)
-    except (OSError, EOFError, zlib.error):
-        return False
+def sniff(head: bytes, name: str, **_) -> bool:
+    """A text log with an SGLang/vLLM timestamp prefix or statistics line; never JSON."""
+    head = head[:SNIFF_BYTES]
     if b"\x00" in head[:4096] or head.lstrip()[:1] == b"{":
         return False
     lines = [_clean(x) for x in head.split(b"\n")[:2000]]
@@ -170,19 +157,16 @@ def _vllm_stats(line: str):
     return VLLM_STATS.search(line) if "Avg prompt throughput: " in line else None
 
 
-def read(path: Path) -> Export:
+def read(path: Path, **_) -> Export:
     path = Path(path)
-    try:
-        data = _open_text(path)
-    except (OSError, EOFError, zlib.error) as e:
-        raise InputError(path, "byte 0", f"a readable text log ({e})") from None
+    data = compression.read_bytes(path)
     raw_lines = data.split(b"\n")
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()  # the newline that ends the last line opens no new one
     lines = [_clean(x) for x in raw_lines]
     year = next((int(m.group(1)) for line in lines if (m := FULL_DATE.search(line))), None)
     clock = _Clock(year)
-    out = Export(source=path)
+    out = Export(source=path, format=FORMAT, bytes_read=len(data))
     servers, received, in_traceback = set(), {}, False
     for line_no, (raw, line) in enumerate(zip(raw_lines, lines), start=1):
         out.read["log line"] += 1

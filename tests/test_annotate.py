@@ -222,14 +222,14 @@ def test_bad_input_is_one_line_exit_2(tmp_path):
 
 def test_streaming_in_small_chunks_gives_the_same_file(tmp_path, monkeypatch):
     """Samples fit in one read; force many chunks and a short held-back tail to exercise the streaming."""
-    import tracekit.parsers.json_slice as json_slice
+    import tracekit.parsers.json_array as json_array
     import tracekit.render.annotate as annotate_mod
 
     extra = [b'{"ph":"X","cat":"tracekit","name":"x","pid":9,"tid":1,"ts":1.5,"dur":2}']
     big = tmp_path / "big.json"
     copy_with_events(EAGER, big, extra)
     monkeypatch.setattr(annotate_mod, "CHUNK", 1 << 16)
-    monkeypatch.setattr(json_slice, "TAIL_KEEP", 5000)
+    monkeypatch.setattr(json_array, "TAIL_KEEP", 5000)
     small = tmp_path / "small.json"
     copy_with_events(EAGER, small, extra)
     assert small.read_bytes() == big.read_bytes()

@@ -8,8 +8,9 @@ import subprocess
 from pathlib import Path
 
 from tests.conftest import ROOT, sample
+from tracekit.ingest.inputs import recognise
 from tracekit.ingest.pipeline import ingest
-from tracekit.parsers import bench_serving, otlp_json
+from tracekit.parsers import bench_serving
 
 DATA = Path(__file__).parent / "data" / "serving"
 VLLM = DATA / "vllm_benchmark_serving.json"
@@ -49,13 +50,13 @@ def test_sglang_jsonl_one_run_per_line_and_bad_lines(tmp_path):
 
 
 def test_detect_claims_only_benchmark_results(tmp_path):
-    assert bench_serving.detect(VLLM) and bench_serving.detect(SGLANG)
-    assert not otlp_json.detect(VLLM) and not otlp_json.detect(SGLANG)
+    # OTLP spans are tried first: recognised as benchmark results, they are not taken for spans
+    assert recognise(VLLM) is bench_serving and recognise(SGLANG) is bench_serving
     for other in (sample("cpu_two_threads.json.gz"), sample("runtime_demo.events.jsonl"), DATA / "otlp_requests.jsonl"):
-        assert not bench_serving.detect(other)
+        assert recognise(other) is not bench_serving
     garbage = tmp_path / "g.json"
     garbage.write_bytes(b"\x00\xff" * 100)
-    assert not bench_serving.detect(garbage)
+    assert recognise(garbage) is not bench_serving
 
 
 def test_cli_analyze_exits_zero():

@@ -26,7 +26,7 @@ def need(path: Path) -> Path:
 
 
 def test_long_layout_values_are_exact(tmp_path):
-    table = ncu_csv.read(need(ESMM))
+    table = ncu_csv.parse(need(ESMM))
     assert table.layout == "long"
     text_rows = [line for line in need(ESMM).read_text().splitlines()[1:] if line.strip()]
     assert table.lines_read == len(text_rows) == len(table.rows)
@@ -36,7 +36,7 @@ def test_long_layout_values_are_exact(tmp_path):
 
 
 def test_profiler_chatter_is_not_data():
-    table = ncu_csv.read(need(KDA))  # starts with ==WARNING== / ==PROF== lines
+    table = ncu_csv.parse(need(KDA))  # starts with ==WARNING== / ==PROF== lines
     assert table.rows and not table.skipped
     assert {r["kernel"] for r in table.rows} == {"fused_recurrent_kda_fwd_kernel"}
 
@@ -50,7 +50,7 @@ def test_wide_layout_with_units_row(tmp_path):
         '"0","7","python","h","k(int)","1","7","(128, 1, 1)","(64, 1, 1)","0","9.0","1,024","2,000","4,096"\n'
         '"1","7","python","h","k(int)","1","7","(128, 1, 1)","(128, 1, 1)","0","9.0","1,100","4,000","4,096"\n'
     )
-    table = ncu_csv.read(path)
+    table = ncu_csv.parse(path)
     assert table.layout == "wide" and len(table.rows) == 6
     inst = [r for r in table.rows if r["metric"] == "sm__inst_executed.sum"]
     assert [(r["unit"], r["value"]) for r in inst] == [("inst", 2000.0), ("inst", 4000.0)]

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import SAMPLES, evidence, run_rule
 from tracekit import db
 from tracekit.findings.model import json_schema
+from tracekit.ingest.inputs import recognise
 from tracekit.ingest.pipeline import ingest, plan
 from tracekit.parsers import numerics_report
 from tracekit.producers.numerics import compare, write_report
@@ -67,7 +68,7 @@ def test_every_format_gives_the_same_table(tmp_path):
     con.execute(f"COPY (SELECT * FROM {src}) TO '{paths['parquet']}' (FORMAT parquet)")
     tables = {}
     for fmt, path in paths.items():
-        assert numerics_report.is_numerics_path(path), fmt
+        assert recognise(path) is numerics_report, fmt
         assert plan([path]) == [(0, [])]  # a run of its own, never a runtime-event log
         tables[fmt] = load(path).execute(TABLE_SQL).fetchall()
     assert tables["csv"], "no rows"
@@ -100,20 +101,20 @@ def test_long_form_keeps_conditions_and_typed_copies(report_db):
 def test_metric_option_and_bad_reports(tmp_path):
     path = tmp_path / "r.csv"
     path.write_text("precision,n,diff,max_err\ntf32,1,0.5,x\ntf32,2,0.25,0.1\n")
-    table = numerics_report.read(path, metrics=("diff",))
+    table = numerics_report.parse(path, metrics=("diff",))
     assert table.metrics == ["diff"] and len(table.rows) == 2
-    table = numerics_report.read(path)
+    table = numerics_report.parse(path)
     assert table.metrics == ["max_err"] and len(table.rows) == 1 and table.skipped
     assert [r["seq_len"] for r in table.rows] == [2]  # `n` is a size
     none = tmp_path / "none.csv"
     none.write_text("a,b\n1,2\n")
-    assert not numerics_report.is_numerics_path(none)
+    assert recognise(none) is not numerics_report
     trace = tmp_path / "trace.json"  # a Kineto trace in array form is not a report
     trace.write_text(json.dumps([{"ph": "X", "name": "max_err_kernel", "ts": 1, "dur": 2, "err": 0}]))
-    assert not numerics_report.is_numerics_path(trace)
+    assert recognise(trace) is not numerics_report
     arr = tmp_path / "r.json"
     arr.write_text(json.dumps([{"precision": "ieee", "seq_len": 1, "rms_err": 1e-7}]))
-    assert numerics_report.is_numerics_path(arr)
+    assert recognise(arr) is numerics_report
 
 
 def test_growth_with_length_on_the_device_report(report_db):
@@ -175,8 +176,8 @@ def test_compare_on_lists_and_numpy(tmp_path):
     assert row["rms_err_ratio"] == pytest.approx(math.sqrt((0.25 + 1e-14) / 4) / math.sqrt(21 / 4))
     for suffix in (".csv", ".jsonl"):
         path = write_report(rows * 3, tmp_path / f"r{suffix}")
-        assert numerics_report.is_numerics_path(path)
-        assert len(numerics_report.read(path).rows) == 3 * 4
+        assert recognise(path) is numerics_report
+        assert len(numerics_report.parse(path).rows) == 3 * 4
     np = pytest.importorskip("numpy")
     assert compare(np.array(ref), np.array(out), eps=1e-6) == {k: v for k, v in row.items() if "err" in k}
 

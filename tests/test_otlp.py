@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import ROOT, sample
 from tracekit import db
 from tracekit.errors import InputError
+from tracekit.ingest.inputs import recognise
 from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import otlp_json
 
@@ -75,12 +76,12 @@ def test_malformed_lines_and_spans_are_counted(tmp_path):
 
 
 def test_detect_claims_only_otlp(tmp_path):
-    assert otlp_json.detect(FIXTURE)
+    assert recognise(FIXTURE) is otlp_json
     for other in (sample("cpu_two_threads.json.gz"), sample("runtime_demo.events.jsonl")):
-        assert not otlp_json.detect(other)
+        assert recognise(other) is not otlp_json
     empty = tmp_path / "e.jsonl"
     empty.write_text("")
-    assert not otlp_json.detect(empty) and not otlp_json.detect(tmp_path / "missing.jsonl")
+    assert recognise(empty) is not otlp_json and recognise(tmp_path / "missing.jsonl") is not otlp_json
 
 
 def test_empty_file_is_an_input_error_not_a_traceback(tmp_path):
@@ -136,7 +137,7 @@ def test_pretty_printed_request_with_numeric_times_and_upper_case_ids(tmp_path):
     }  # fmt: skip
     path = tmp_path / "trace.json"
     path.write_text(json.dumps(request, indent=2))
-    assert otlp_json.detect(path)
+    assert recognise(path) is otlp_json
     con = db.connect(None)
     ingest(con, [path])
     rows = con.execute("SELECT name, depth, args FROM events ORDER BY ts_ns").fetchall()

@@ -16,7 +16,8 @@ import pytest
 from tests.conftest import ROOT, corpus, sample
 from tracekit import db
 from tracekit.errors import InputError
-from tracekit.ingest.pipeline import ingest, row_reader
+from tracekit.ingest.inputs import recognise
+from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import perfetto_proto
 
 NESTED = "perfetto__nested_tracks.perfetto-trace"  # track descriptors, nested tracks, flows
@@ -84,7 +85,7 @@ def count(con, sql: str, params=()) -> int:
 @pytest.mark.parametrize("name", [NESTED, PFTX, CHROMIUM])
 def test_detected_and_reconciled_with_an_independent_count(loaded, name):
     path = path_of(name)
-    assert perfetto_proto.detect(path) and row_reader(path) is perfetto_proto
+    assert recognise(path) is perfetto_proto
     con = loaded(path)
     c = census(path)
     read, ingested, skipped, reasons, notes = log_row(con)
@@ -217,7 +218,7 @@ def test_gzipped_copy_reads_the_same(tmp_path, loaded):
     plain = corpus(NESTED)
     gz = tmp_path / "nested.pftrace.gz"
     gz.write_bytes(gzip.compress(plain.read_bytes()))
-    assert perfetto_proto.detect(gz)
+    assert recognise(gz) is perfetto_proto
     a, b = perfetto_proto.read(plain), perfetto_proto.read(gz)
     assert a.read == b.read and a.skipped == b.skipped and a.rows == b.rows
 
@@ -232,7 +233,7 @@ def test_compressed_packets_are_unpacked(tmp_path):
     container = pb.TracePacket(compressed_packets=zlib.compress(plain.read_bytes()))
     path = tmp_path / "compressed.pftrace"
     path.write_bytes(pb.Trace(packet=[container]).SerializeToString())
-    assert perfetto_proto.detect(path)
+    assert recognise(path) is perfetto_proto
     a, b = perfetto_proto.read(plain), perfetto_proto.read(path)
     assert b.read == a.read + Counter({"compressed_packets": 1}) and b.skipped == a.skipped and b.rows == a.rows
 
@@ -247,7 +248,7 @@ def test_foreign_files_are_not_claimed(tmp_path):
     empty = tmp_path / "empty.pftrace"
     empty.write_bytes(b"")
     for p in (json_trace, newline_json, sqlite, empty, tmp_path / "missing.pftrace"):
-        assert not perfetto_proto.detect(p), p
+        assert recognise(p) is not perfetto_proto, p
     # the JSON trace under a Perfetto name is still read as what it is
     con = db.connect(None)
     (result,) = ingest(con, [json_trace])
@@ -355,7 +356,7 @@ def test_incremental_state_clock_and_unmatched_slices(tmp_path):
     path = tmp_path / "seq.pftrace"
     trace = pb.Trace(packet=[first, desc, begin, end, stray_end, lost, cleared, tick])
     path.write_bytes(trace.SerializeToString())
-    assert perfetto_proto.detect(path)
+    assert recognise(path) is perfetto_proto
     con = db.connect(None)
     (result,) = ingest(con, [path])
     assert result.events_read == 8 == result.events_ingested + result.events_skipped

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import CORPUS, sample
 from tracekit import db
 from tracekit.engine.runner import run_rules
+from tracekit.ingest.inputs import recognise
 from tracekit.ingest.pipeline import ingest, plan
 from tracekit.parsers import runtime_events
 
@@ -128,19 +129,19 @@ def test_log_alone_is_a_run_of_its_own(tmp_path, fresh_db):
 
 def test_format_is_sniffed_from_the_first_line(tmp_path, fresh_db):
     path = write_lines(tmp_path / "runtime.log.gz", ["", {"ts_ns": 5, "name": "a"}])
-    assert runtime_events.is_runtime_log(path)
+    assert recognise(path) is runtime_events
     (result,) = ingest(fresh_db, [path])
     assert (result.format, result.events_ingested) == ("runtime_events", 1)
     # a JSON object without ts_ns is not a runtime log, nor is a Kineto trace
-    assert not runtime_events.is_runtime_log(write_lines(tmp_path / "other.json", [{"name": "a"}]))
-    assert not runtime_events.is_runtime_log(DEMO_TRACE)
+    assert recognise(write_lines(tmp_path / "other.json", [{"name": "a"}])) is not runtime_events
+    assert recognise(DEMO_TRACE) is not runtime_events
 
 
 def test_no_corpus_or_sample_file_is_taken_for_a_runtime_log():
     files = [p for p in Path(CORPUS).glob("*") if p.is_file()] + list(DEMO_TRACE.parent.glob("*.json.gz"))
     if len(files) < 5:
         pytest.skip("corpus not available")
-    assert [p.name for p in files if runtime_events.is_runtime_log(p)] == []
+    assert [p.name for p in files if recognise(p) is runtime_events] == []
 
 
 def test_all_bad_or_empty_logs_are_ingested_with_a_note(tmp_path, fresh_db):
@@ -162,8 +163,8 @@ def test_plan_attaches_logs_to_the_right_trace(tmp_path):
     assert plan([t1, l1, t2, l2]) == [(0, [1]), (2, [3])]
     assert plan([l1, t1]) == [(1, [0])]
     assert plan([l1, t1, l2]) == [(1, [0, 2])]
-    assert plan([l1, t1, t2]) == [(None, [0]), (1, []), (2, [])]
-    assert plan([l1, l2]) == [(None, [0]), (None, [1])]
+    assert plan([l1, t1, t2]) == [(0, []), (1, []), (2, [])]  # two traces: the log is a run of its own
+    assert plan([l1, l2]) == [(0, []), (1, [])]
 
 
 def test_demo_log_joins_the_trace_and_is_aligned(fresh_db):

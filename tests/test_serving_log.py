@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import ROOT, corpus, sample
 from tracekit import db
 from tracekit.errors import InputError
+from tracekit.ingest.inputs import recognise
 from tracekit.ingest.pipeline import ingest
 from tracekit.parsers import runtime_events, serving_log
 
@@ -154,26 +155,26 @@ def test_tracebacks_garbage_and_odd_lines_are_counted_by_reason(tmp_path):
 def test_gzipped_log_reads_like_plain(tmp_path):
     path = tmp_path / "s.log.gz"
     path.write_bytes(gzip.compress(corpus(SGLANG).read_bytes()))
-    assert serving_log.detect(path)
+    assert recognise(path) is serving_log
     assert len(serving_log.read(path).rows) == len(serving_log.read(corpus(SGLANG)).rows)
     cut = tmp_path / "cut.log.gz"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
-    assert serving_log.detect(cut)  # recognised from what the truncated member holds ...
+    assert recognise(cut) is serving_log  # recognised from what the truncated member holds ...
     with pytest.raises(InputError, match="cut.log.gz"):  # ... and refused in one line
         ingest(db.connect(None), [cut])
 
 
 def test_detect_claims_only_server_logs(tmp_path):
-    assert serving_log.detect(corpus(SGLANG)) and serving_log.detect(corpus(VLLM))
+    assert recognise(corpus(SGLANG)) is serving_log and recognise(corpus(VLLM)) is serving_log
     for other in (sample("cpu_two_threads.json.gz"), sample("runtime_demo.events.jsonl"), sample("numerics_tf32.csv")):
-        assert not serving_log.detect(other)
-    assert not runtime_events.is_runtime_log(corpus(SGLANG)) and not runtime_events.is_runtime_log(corpus(VLLM))
+        assert recognise(other) is not serving_log
+    assert runtime_events not in (recognise(corpus(SGLANG)), recognise(corpus(VLLM)))
     empty = tmp_path / "empty.log"
     empty.write_bytes(b"")
     garbage = tmp_path / "garbage.log"
     garbage.write_bytes(bytes(range(256)) * 4)
-    assert not serving_log.detect(empty) and not serving_log.detect(garbage)
-    assert not serving_log.detect(tmp_path / "missing.log")
+    assert recognise(empty) is not serving_log and recognise(garbage) is not serving_log
+    assert recognise(tmp_path / "missing.log") is not serving_log
 
 
 def test_unrecognised_text_is_one_line_input_error(tmp_path):
@@ -202,7 +203,7 @@ def test_older_formats_of_both_servers(tmp_path):
         "[2024-08-01 10:00:01 TP1] Decode batch. #running-req: 2, #token: 300, token usage: 0.01, gen throughput "
         "(token/s): 55.5, #queue-req: 0\n"
     )
-    assert serving_log.detect(path)
+    assert recognise(path) is serving_log
     out = serving_log.read(path)
     (vllm, sgl) = out.rows
     assert json.loads(vllm[14])["pending"] == 2 and json.loads(vllm[14])["cpu_kv_cache_usage_pct"] == 0.0

@@ -1,5 +1,5 @@
 """Input files -> rows of the trace database: recognise each input, read it, derive what every format shares."""
 
-from tracekit.ingest.pipeline import IngestResult, ingest, plan, raw_size
+from tracekit.ingest.pipeline import IngestResult, ingest, plan
 
-__all__ = ["IngestResult", "ingest", "plan", "raw_size"]
+__all__ = ["IngestResult", "ingest", "plan"]

@@ -13,12 +13,14 @@ Systems export, ...) becomes a fresh Chrome JSON written from the database, then
 from __future__ import annotations
 
 import gzip
-import zlib
 from pathlib import Path
 
 import orjson
 
+from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers import json_array
+from tracekit.parsers.json_array import WS, find_array_start, first_char, split_tail
 
 TRACK_NAME = "tracekit findings"
 CATEGORY = "tracekit"
@@ -88,41 +90,12 @@ def finding_events(findings: list[dict], base_ns: int, pid: int) -> tuple[list[b
 # --------------------------------------------------------------------------------------------- streaming
 
 
-def _chunks(path: Path):
-    """The file's bytes, decompressed when gzip (concatenated members too), in chunks."""
-    from tracekit.parsers.json_slice import is_gzip
-
-    with open(path, "rb") as f:
-        if not is_gzip(path):
-            while chunk := f.read(CHUNK):
-                yield chunk
-            return
-        dec = zlib.decompressobj(wbits=31)
-        read = 0
-        while chunk := f.read(CHUNK // 4):
-            read += len(chunk)
-            try:
-                data = dec.decompress(chunk)
-                while dec.eof and dec.unused_data:
-                    rest = dec.unused_data
-                    dec = zlib.decompressobj(wbits=31)
-                    data += dec.decompress(rest)
-            except zlib.error as e:
-                raise InputError(path, f"compressed byte {read}", f"valid gzip data ({e})") from None
-            if data:
-                yield data
-        if not dec.eof:
-            raise InputError(path, f"compressed byte {read}", "gzip stream ends early (truncated file)")
-
-
 def _open_out(tmp: Path, out: Path):
     return gzip.open(tmp, "wb", compresslevel=6) if out.name.endswith(".gz") else open(tmp, "wb")
 
 
 def copy_with_events(src: Path, out: Path, events: list[bytes]) -> None:
     """Stream src to out, inserting events before the `]` that closes the traceEvents array."""
-    from tracekit.parsers.json_slice import TAIL_KEEP, WS, _find_array_start, _split_tail, first_char
-
     tmp = out.with_name(out.name + ".partial")
     head = b""
     array_start = None  # source offset of the array's '['
@@ -132,7 +105,7 @@ def copy_with_events(src: Path, out: Path, events: list[bytes]) -> None:
     object_form = None
     try:
         with _open_out(tmp, out) as w:
-            for data in _chunks(src):
+            for data in compression.chunks(src, CHUNK):
                 total += len(data)
                 if array_start is None:
                     head += data
@@ -143,14 +116,14 @@ def copy_with_events(src: Path, out: Path, events: list[bytes]) -> None:
                         if kind not in (b"{", b"["):
                             raise InputError(src, "byte 0", "expected a JSON object or array (a Chrome trace)")
                         object_form = kind == b"{"
-                    found = _find_array_start(head, src) if object_form else head.index(b"[")
+                    found = find_array_start(head, src) if object_form else head.index(b"[")
                     if found is None:
                         continue
                     array_start = found
                     data, pending = b"", head
                 pending += data
                 # keep the last TAIL_KEEP bytes after the '[' unwritten: the closing ']' is among them
-                keep_from = max(array_start + 1, total - TAIL_KEEP)
+                keep_from = max(array_start + 1, total - json_array.TAIL_KEEP)
                 if keep_from > written:
                     cut = keep_from - written
                     w.write(pending[:cut])
@@ -160,7 +133,7 @@ def copy_with_events(src: Path, out: Path, events: list[bytes]) -> None:
                 raise InputError(src, f"byte {total}", f"expected {what}")
             tail = pending
             if object_form:
-                close, _ = _split_tail(tail, src, written)
+                close, _ = split_tail(tail, src, written)
                 rest = tail[close:]
             else:
                 # the JSON Array Format may end without ']' or with a trailing ',' (a trace cut at the end of

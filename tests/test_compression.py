@@ -1,0 +1,109 @@
+"""Compressed inputs: every container gives the bytes it holds, a prefix never inflates more than asked,
+and broken data is one InputError at its compressed byte."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import tracemalloc
+import zipfile
+import zlib
+
+import pytest
+
+from tests.conftest import sample
+from tracekit import compression
+from tracekit.errors import InputError
+
+CONTENT = gzip.decompress(sample("cpu_two_threads.json.gz").read_bytes())
+
+
+def containers(tmp_path, data: bytes = CONTENT) -> dict:
+    """The same content as plain, gzip (two members), xz (two streams) and a one-file zip."""
+    half = len(data) // 2
+    paths = {name: tmp_path / f"trace.{name}" for name in ("plain", "gzip", "xz", "zip")}
+    paths["plain"].write_bytes(data)
+    paths["gzip"].write_bytes(gzip.compress(data[:half]) + gzip.compress(data[half:]))
+    paths["xz"].write_bytes(lzma.compress(data[:half]) + lzma.compress(data[half:]))
+    with zipfile.ZipFile(paths["zip"], "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("trace.json", data)
+    return paths
+
+
+def test_every_container_gives_the_content(tmp_path):
+    for name, path in containers(tmp_path).items():
+        assert compression.kind(path) == (None if name == "plain" else name)
+        assert compression.read_bytes(path) == CONTENT, name
+        assert b"".join(compression.chunks(path, size=4096)) == CONTENT, name
+        for n in (1, 1000, len(CONTENT) // 2 + 7, len(CONTENT) + 10):
+            assert compression.head(path, n) == CONTENT[:n], (name, n)
+        copy = compression.decompressed_copy(path, str(tmp_path))
+        try:
+            assert copy.read_bytes() == CONTENT and copy.parent == tmp_path
+        finally:
+            copy.unlink()
+
+
+def test_a_prefix_never_inflates_the_whole_content(tmp_path):
+    """256 MiB of zeros in a ~256 KiB gzip: classifying it must not cost the 256 MiB."""
+    path = tmp_path / "bomb.gz"
+    block = bytes(1 << 20)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        for _ in range(256):
+            f.write(deflate.compress(block))
+        f.write(deflate.flush())
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        prefix = compression.head(path, 1 << 16)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert prefix == bytes(1 << 16)
+    assert peak < 4 << 20
+
+
+def test_broken_data_shortens_a_prefix_and_fails_a_read(tmp_path):
+    whole = gzip.compress(CONTENT)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(whole[: len(whole) // 2])
+    prefix = compression.head(cut, len(CONTENT))
+    assert 0 < len(prefix) < len(CONTENT) and CONTENT.startswith(prefix)
+    with pytest.raises(compression.BrokenStream) as err:
+        compression.read_bytes(cut)
+    assert err.value.position == f"compressed byte {len(whole) // 2}" and "truncated" in err.value.expected
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(whole[:40] + bytes(len(whole) - 40))
+    assert CONTENT.startswith(compression.head(corrupt, len(CONTENT)))
+    with pytest.raises(InputError, match="valid gzip data"):
+        compression.read_bytes(corrupt)
+
+
+def test_zip_archives_of_several_files_and_not_zips(tmp_path):
+    two = tmp_path / "two.zip"
+    with zipfile.ZipFile(two, "w") as archive:
+        archive.writestr("a.json", b"{}")
+        archive.writestr("b.json", b"{}")
+    assert compression.head(two, 100) == b""  # nothing to recognise: reading it says why
+    with pytest.raises(InputError, match="one file, found 2"):
+        compression.read_bytes(two)
+    fake = tmp_path / "fake.bin"
+    fake.write_bytes(b"PK\x03\x04 not an archive")
+    assert compression.head(fake, 100) == fake.read_bytes()  # recognised (or not) as what it is
+
+
+def test_missing_files_and_sizes(tmp_path):
+    with pytest.raises(OSError):
+        compression.head(tmp_path / "missing", 10)
+    with pytest.raises(InputError, match="file not found"):
+        compression.read_bytes(tmp_path / "missing")
+    paths = containers(tmp_path)
+    assert compression.inflated_size(paths["plain"]) == len(CONTENT)
+    assert compression.inflated_size(paths["zip"]) == len(CONTENT)
+    single = tmp_path / "one.gz"
+    single.write_bytes(gzip.compress(CONTENT))
+    assert compression.inflated_size(single) == len(CONTENT)  # the member's trailer
+    assert compression.inflated_size(tmp_path / "missing") == 0
+    assert compression.strip_suffix("rank0.pt.trace.json.gz") == "rank0.pt.trace.json"
+    assert compression.strip_suffix("server.log") == "server.log"

@@ -1,0 +1,174 @@
+"""The one ingest path: every input recognised once, a run all or nothing, folders expanded, any
+format read compressed."""
+
+from __future__ import annotations
+
+import gzip
+import lzma
+import shutil
+import zipfile
+
+import pytest
+
+from tests.conftest import corpus, sample
+from tracekit import compression, db, parsers
+from tracekit.errors import InputError
+from tracekit.ingest import inputs, pipeline
+from tracekit.ingest.pipeline import ingest
+from tracekit.ingest.transaction import run_tables
+
+RANK0, RANK1 = sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz")
+DEMO_TRACE, DEMO_LOG = sample("runtime_demo.json.gz"), sample("runtime_demo.events.jsonl")
+
+
+def fingerprint(con, run_id: int = 1):
+    return con.execute(
+        "SELECT count(*), sum(hash(event_id - (SELECT min(event_id) FROM events WHERE run_id = $r), name, ts_ns, "
+        "dur_ns, kind, args, depth)) FROM events WHERE run_id = $r",
+        {"r": run_id},
+    ).fetchone()
+
+
+def alone(*paths):
+    con = db.connect(None)
+    ingest(con, list(paths))
+    return con
+
+
+def rows_per_table(con) -> dict:
+    return {t: con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in run_tables(con)}
+
+
+def test_every_input_is_opened_and_recognised_once(monkeypatch):
+    heads, decisions = [], []  # the prefixes read to recognise a format, and the decisions taken on them
+    head, recognise = compression.head, parsers.recognise
+
+    def counted_head(path, n):
+        if n == parsers.HEAD_BYTES:  # a reader may read its own file's start again to read it (numerics: its layout)
+            heads.append(path)
+        return head(path, n)
+
+    def counted_recognise(prefix, name, **options):
+        decisions.append(name)
+        return recognise(prefix, name, **options)
+
+    monkeypatch.setattr(compression, "head", counted_head)
+    monkeypatch.setattr(parsers, "recognise", counted_recognise)
+    results = ingest(db.connect(None), [DEMO_TRACE, DEMO_LOG, sample("numerics_tf32.csv")])
+    assert [r.format for r in results] == ["kineto", "runtime_events", "numerics_report"]
+    assert heads == [DEMO_TRACE, DEMO_LOG, sample("numerics_tf32.csv")]
+    assert decisions == [p.name for p in heads]
+
+
+@pytest.mark.parametrize("files", [[RANK0], [DEMO_TRACE, DEMO_LOG], [corpus("energyllm__vllm_server.log")]])
+def test_a_failure_after_the_rows_leaves_nothing_of_the_run(monkeypatch, files):
+    con = db.connect(None)
+    [kept] = ingest(con, [sample("cpu_two_threads.json.gz")])
+    before = rows_per_table(con)
+
+    def fail(con, run_id):
+        assert con.execute("SELECT count(*) FROM event_rows WHERE run_id = ?", [run_id]).fetchone()[0] > 0
+        raise KeyboardInterrupt  # after the rows' transaction committed
+
+    monkeypatch.setattr(pipeline, "compute_nesting", fail)
+    with pytest.raises(KeyboardInterrupt):
+        ingest(con, files)
+    assert rows_per_table(con) == before
+    monkeypatch.undo()
+    [again, *_] = ingest(con, files)
+    assert again.run_id == kept.run_id + 1 and fingerprint(con, again.run_id) == fingerprint(alone(*files))
+
+
+def test_a_folder_is_its_trace_files_in_name_order(tmp_path):
+    folder = tmp_path / "tb_logs"
+    folder.mkdir()
+    # tensorboard_trace_handler names: one file per rank (worker), rank10 sorts after rank2
+    shutil.copyfile(RANK1, folder / "host_rank10.1700000000.pt.trace.json.gz")
+    shutil.copyfile(RANK0, folder / "host_rank2.1700000000.pt.trace.json.gz")
+    (folder / "README.txt").write_text("profiled with torch.profiler\n")
+    (folder / "config.json").write_text('{"schedule": {"wait": 1}}')  # JSON, but no reader recognises it
+    (folder / ".hidden.json.gz").write_bytes(RANK0.read_bytes())
+    con = db.connect(None)
+    results = ingest(con, [folder])
+    assert [r.source for r in results] == [str(folder / "host_rank2.1700000000.pt.trace.json.gz"),
+                                           str(folder / "host_rank10.1700000000.pt.trace.json.gz")]  # fmt: skip
+    assert [r.events_read for r in results] == [ingest(db.connect(None), [p])[0].events_read for p in (RANK0, RANK1)]
+    assert fingerprint(con, 1) == fingerprint(alone(RANK0)) and fingerprint(con, 2) == fingerprint(alone(RANK1))
+    notes = [n for (n,) in con.execute("SELECT notes::JSON->'input' FROM ingest_log ORDER BY run_id").fetchall()]
+    assert all('"skipped_in_folder":["README.txt","config.json"]' in n and str(folder) in n for n in notes)
+
+
+def test_a_folder_with_nothing_to_read_is_one_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="it is empty") as err:
+        ingest(db.connect(None), [empty])
+    assert str(empty) in str(err.value)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "a.txt").write_text("nothing")
+    with pytest.raises(InputError, match="no file in it is a format tracekit reads \\(a.txt\\)"):
+        ingest(db.connect(None), [notes])
+
+
+def test_a_folder_keeps_a_log_with_its_trace(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copyfile(DEMO_TRACE, folder / "demo.json.gz")
+    shutil.copyfile(DEMO_LOG, folder / "demo.jsonl")
+    results = ingest(db.connect(None), [folder])
+    assert [(r.run_id, r.format) for r in results] == [(1, "kineto"), (1, "runtime_events")]
+
+
+def _compressed(kind: str, source, tmp_path):
+    data = compression.read_bytes(source)
+    path = tmp_path / f"input.{kind}"
+    if kind == "xz":
+        path.write_bytes(lzma.compress(data))
+    elif kind == "gz":
+        path.write_bytes(gzip.compress(data))
+    else:
+        with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+            archive.writestr(compression.strip_suffix(source.name), data)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["xz", "zip", "gz"])
+@pytest.mark.parametrize(
+    "source",
+    [sample("cpu_two_threads.json.gz"), sample("runtime_demo.events.jsonl"), sample("numerics_tf32.csv"),
+     sample("ncu_tiles_repeated_heavy.csv"), corpus("pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite"),
+     corpus("sglsetup__sglang.log"), corpus("perfetto__nested_tracks.perfetto-trace")],
+    ids=lambda p: p.name,
+)  # fmt: skip
+def test_every_format_reads_the_same_compressed(kind, source, tmp_path):
+    path = _compressed(kind, source, tmp_path)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    plain, packed = db.connect(None), db.connect(None)
+    [a], [b] = ingest(plain, [source]), ingest(packed, [path], tmpdir=str(scratch))
+    assert (b.format, b.events_read, b.events_ingested, b.skipped_reasons) == (
+        a.format, a.events_read, a.events_ingested, a.skipped_reasons)  # fmt: skip
+    assert fingerprint(packed) == fingerprint(plain)
+    assert list(scratch.iterdir()) == []  # decompressed copies and staged parts are gone
+
+
+def test_registry_lists_each_reader_once_and_the_error_names_them_all(tmp_path):
+    formats = parsers.formats()
+    assert [f for f, _ in formats] == [r.FORMAT for r in parsers.readers()]
+    assert len({f for f, _ in formats}) == len(formats) == len(parsers.READERS)
+    text = tmp_path / "notes.txt"
+    text.write_text("GPU went brrr\n")
+    with pytest.raises(InputError) as err:
+        inputs.classify(text)
+    message = str(err.value)
+    assert message.startswith(f"{text}: byte 0: not a format tracekit reads; tried by content: ")
+    assert message.endswith(", ".join(d for _, d in formats))
+
+
+@pytest.mark.parametrize("head", [b"", b"\x00" * 64, bytes(range(256)) * 8, b"{", b"[", b'{"a": [1, 2', b"\n\n\r\t",
+                                  b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", b"SQLite format 3\x00"])  # fmt: skip
+def test_no_sniff_raises(head):
+    for reader in parsers.readers():
+        assert reader.sniff(head, "x.dat") in (True, False)
+        assert reader.sniff(head, "x.jsonl", metrics=("diff",)) in (True, False)

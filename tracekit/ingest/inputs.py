@@ -1,0 +1,69 @@
+"""What each input is: a folder expanded into its files, then every file opened once and recognised
+by its content (a bounded, decompressed prefix; tracekit.parsers.recognise)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracekit import compression, parsers
+from tracekit.errors import InputError
+
+
+@dataclass
+class Input:
+    path: Path
+    reader: object  # the reader module that reads it
+    notes: dict = field(default_factory=dict)  # for its ingest_log row (the folder it came from)
+
+
+def classify(path: Path, **options):
+    """The reader of this file, by content; InputError naming what was tried when none takes it."""
+    reader = recognise(path, **options)
+    if reader is None:
+        tried = ", ".join(description for _, description in parsers.formats())
+        raise InputError(path, "byte 0", f"not a format tracekit reads; tried by content: {tried}")
+    return reader
+
+
+def recognise(path: Path, fallback: bool = True, **options):
+    """The reader of this file from one bounded read of its content, or None (parsers.recognise)."""
+    try:
+        head = compression.head(path, parsers.HEAD_BYTES)
+    except OSError:
+        head = b""  # a missing or unreadable file: named by its suffix, else read as a trace, which says so
+    return parsers.recognise(head, path.name, fallback=fallback, **options)
+
+
+def _natural(path: Path) -> list:
+    """rank2 before rank10: digit runs compare as numbers."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
+
+
+def expand(paths: list[Path], **options) -> list[Input]:
+    """Every input, a folder (a profiler's output directory, e.g. tensorboard_trace_handler's, one file
+    per rank or worker) replaced by the files in it that a reader takes, in natural name order; the
+    others are skipped and named in the notes of those runs. A folder with none is an InputError."""
+    out = []
+    for path in map(Path, paths):
+        if not path.is_dir():
+            out.append(Input(path, classify(path, **options)))
+            continue
+        files = sorted((p for p in path.rglob("*") if p.is_file() and not _hidden(p, path)), key=_natural)
+        taken = [(p, recognise(p, fallback=False, **options)) for p in files]
+        skipped = [str(p.relative_to(path)) for p, reader in taken if reader is None]
+        if len(skipped) == len(taken):
+            what = "it is empty" if not taken else f"no file in it is a format tracekit reads ({_names(skipped)})"
+            raise InputError(path, "folder", f"expected trace files: {what}")
+        note = {"folder": str(path)} | ({"skipped_in_folder": skipped} if skipped else {})
+        out += [Input(p, reader, {"input": dict(note)}) for p, reader in taken if reader is not None]
+    return out
+
+
+def _hidden(path: Path, root: Path) -> bool:
+    return any(part.startswith(".") for part in path.relative_to(root).parts)
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")

@@ -1,0 +1,105 @@
+"""The rows every run gets whatever its format: `runs` (label, rank, window) and `ingest_log`."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+
+from tracekit import compression
+
+RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+
+
+@dataclass
+class IngestResult:
+    run_id: int
+    source: str
+    format: str
+    bytes_read: int
+    events_read: int
+    events_ingested: int
+    events_skipped: int
+    skipped_reasons: dict
+    seconds: float
+    rank: int | None
+    alignment: dict | None = None  # how a log joined its trace's clock (method, applied_offset_ns)
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def default_label(path: Path) -> str:
+    """The file name without its compression suffix and its format's (`rank0.pt.trace.json.gz` ->
+    `rank0.pt.trace`)."""
+    return Path(compression.strip_suffix(Path(path).name)).stem
+
+
+def run_rank(export, rank: int | None) -> tuple[int | None, str | None]:
+    """(rank, where it came from): as the source states it, else `rank<N>` in the file name, else --rank."""
+    if export.rank is not None:
+        return export.rank, export.rank_source
+    m = RANK_IN_NAME.search(Path(export.source).name)
+    if m:
+        return int(m.group(1)), "file name"
+    return rank, "--rank" if rank is not None else None
+
+
+def _json(value, **options) -> str | None:
+    return None if value is None else orjson.dumps(value, **options).decode()
+
+
+def run_row(export, label: str | None, rank: int | None) -> dict:
+    number, source = run_rank(export, rank)
+    return {
+        "source": str(export.source),
+        "format": export.format,
+        "label": label or default_label(export.source),
+        "rank": number,
+        "world_size": export.world_size,
+        "rank_source": source,
+        "device_properties": _json(export.device_properties),
+        "metadata": _json(export.metadata, default=str),
+        "base_time_ns": export.base_time_ns,
+    }
+
+
+def window(con, run_id: int, fmt: str) -> tuple[int | None, int | None]:
+    """(first start, last end) of the run's events: the analysed window."""
+    return con.execute(
+        "SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM event_rows "
+        "WHERE run_id = ? AND kind NOT IN ('metadata', 'profiler_span') "
+        # a trace's window is the profiler's: runtime events it is given may reach far beyond it
+        "AND (kind <> 'runtime_event' OR ? = 'runtime_events')",
+        [run_id, fmt],
+    ).fetchone()
+
+
+def insert_run(con, run_id: int, run: dict, span: tuple[int | None, int | None]) -> None:
+    con.execute(
+        "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [run_id, run["source"], run["format"], run["label"], run["rank"], run["world_size"], run["rank_source"],
+         run["device_properties"], run["metadata"], run["base_time_ns"], *span],
+    )  # fmt: skip
+
+
+def result(export, run_id: int, rank: int | None, seconds: float, alignment: dict | None = None) -> IngestResult:
+    """A file's reconciliation: every item read was ingested or skipped with a reason."""
+    read, skipped = sum(export.read.values()), sum(export.skipped.values())
+    size = export.bytes_read if export.bytes_read is not None else Path(export.source).stat().st_size
+    return IngestResult(
+        run_id=run_id, source=str(export.source), format=export.format, bytes_read=size, events_read=read,
+        events_ingested=read - skipped, events_skipped=skipped, skipped_reasons=dict(export.skipped),
+        seconds=seconds, rank=rank, alignment=alignment,
+    )  # fmt: skip
+
+
+def insert_log_row(con, result: IngestResult, notes: dict) -> None:
+    con.execute(
+        "INSERT INTO ingest_log VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        [result.run_id, result.source, result.format, result.bytes_read, result.events_read, result.events_ingested,
+         result.events_skipped, orjson.dumps(result.skipped_reasons).decode(), orjson.dumps(notes).decode(),
+         result.seconds],
+    )  # fmt: skip
