@@ -12,10 +12,10 @@ import pytest
 
 from tests.conftest import corpus, sample
 from tracekit import compression, db, parsers
+from tracekit.db import run_tables
 from tracekit.errors import InputError
 from tracekit.ingest import inputs, pipeline
 from tracekit.ingest.pipeline import ingest
-from tracekit.ingest.transaction import run_tables
 
 RANK0, RANK1 = sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz")
 DEMO_TRACE, DEMO_LOG = sample("runtime_demo.json.gz"), sample("runtime_demo.events.jsonl")

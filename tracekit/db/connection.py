@@ -70,8 +70,25 @@ def _installed_digest(con) -> str | None:
     return row[0] if row else None
 
 
+def run_tables(con) -> list[str]:
+    """The database's tables with a run_id column (every table that holds rows of a run)."""
+    return [
+        name
+        for (name,) in con.execute(
+            "SELECT c.table_name FROM duckdb_columns() c JOIN duckdb_tables() t "
+            "ON t.database_name = c.database_name AND t.schema_name = c.schema_name AND t.table_name = c.table_name "
+            "WHERE c.column_name = 'run_id' AND c.database_name = current_database() AND c.schema_name = 'main' "
+            "ORDER BY c.table_name"
+        ).fetchall()
+    ]
+
+
 def next_run_id(con) -> int:
-    return con.execute("SELECT coalesce(max(run_id), 0) + 1 FROM runs").fetchone()[0]
+    """One more than any run id a table holds: a run whose rows outlived a crash before its runs row
+    was written is never merged into by the next one."""
+    tables = run_tables(con)
+    union = " UNION ALL ".join(f'SELECT max(run_id) AS m FROM "{t}"' for t in tables)
+    return con.execute(f"SELECT coalesce(max(m), 0) + 1 FROM ({union})").fetchone()[0]
 
 
 def current_memory_hint(con) -> int:

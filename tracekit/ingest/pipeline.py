@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tracekit import compression
 from tracekit import db as dbmod
+from tracekit.db import next_run_id
 from tracekit.ingest import runs
 from tracekit.ingest.entities import fill_entities
 from tracekit.ingest.inputs import Input, classify, expand
@@ -19,7 +20,7 @@ from tracekit.ingest.native import export_native, is_native
 from tracekit.ingest.nesting import compute_nesting
 from tracekit.ingest.offsets import measure
 from tracekit.ingest.runs import IngestResult
-from tracekit.ingest.transaction import next_run_id, run_or_nothing, transaction
+from tracekit.ingest.transaction import run_or_nothing, transaction
 from tracekit.parsers import rows
 
 __all__ = ["IngestResult", "ingest", "plan"]
