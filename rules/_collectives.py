@@ -4,12 +4,15 @@ matched across ranks (what C001 exposed-comm measures), read off the `collective
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from tracekit.engine.toolkit import rows
 
 # Per communication kernel of one (run, device): its overlap with the union of what can hide it
-# (compute kernels: the `compute` layer of gpu_busy_layers; memcpy/memset too when they count),
-# read off the union's blocks by busy_between, without a range join.
+# (the device's compute kernels, as the `compute` layer of gpu_busy_layers has them; memcpy/memset
+# too when they count), read off the union's blocks by busy_between, without a range join. The
+# union is taken here, over this device's kernels only, rather than read from gpu_busy_layers, which
+# would merge every device of every run for each device asked.
 PER_KERNEL_SQL = """
 WITH comm AS (
     SELECT run_id, device AS lane, kernel_event_id AS event_id, kernel_name AS name, stream, gpu_ts_ns AS start_ns,
@@ -17,8 +20,8 @@ WITH comm AS (
            group_size, bytes, annotation, launch_event_id
     FROM collectives WHERE run_id = $run_id AND device = $device AND kernel_event_id IS NOT NULL
 ), hiding AS (
-    SELECT run_id, device AS lane, start_ns AS ts_ns, end_ns FROM gpu_busy_layers
-    WHERE layer = 'compute' AND run_id = $run_id AND device = $device
+    SELECT run_id, device AS lane, ts_ns, end_ns FROM kernels
+    WHERE NOT is_communication AND dur_ns IS NOT NULL AND run_id = $run_id AND device = $device
     UNION ALL
     SELECT run_id, device, ts_ns, end_ns FROM gpu_activities
     WHERE $memcpy_is_compute AND kind <> 'kernel' AND run_id = $run_id AND device = $device
@@ -148,16 +151,19 @@ def collective_groups(kernels: list, cross, top_n: int) -> tuple[list[dict], dic
     group and message), most exposed first, and the exposed time per stream."""
     groups: dict[tuple, dict] = {}
     stream_exposed: dict[int, int] = {}
+    group_of = attrgetter("name", "stream", *GROUP_KEYS)
     for k in kernels:
-        meta = {key: getattr(k, key) for key in GROUP_KEYS if getattr(k, key) is not None}
-        g = groups.setdefault(
-            (k.name, k.stream, *(getattr(k, key) for key in GROUP_KEYS)),
-            {"kernel": k.name, "stream": k.stream, **meta, "count": 0, "total_ns": 0, "overlapped_ns": 0,
-             "exposed_ns": 0, "wait_for_peers_ns": 0, "worst_event_id": k.event_id, "worst_exposed_ns": -1,
-             "worst_window_ns": [k.start_ns, k.end_ns]},
-        )  # fmt: skip
-        if k.bytes is not None:
-            g["message_bytes"] = k.bytes
+        key = group_of(k)
+        g = groups.get(key)
+        if g is None:
+            meta = {name: value for name, value in zip(GROUP_KEYS, key[2:]) if value is not None}
+            g = groups[key] = {
+                "kernel": k.name, "stream": k.stream, **meta, "count": 0, "total_ns": 0, "overlapped_ns": 0,
+                "exposed_ns": 0, "wait_for_peers_ns": 0, "worst_event_id": k.event_id, "worst_exposed_ns": -1,
+                "worst_window_ns": [k.start_ns, k.end_ns],
+            }  # fmt: skip
+            if k.bytes is not None:
+                g["message_bytes"] = k.bytes
         g["count"] += 1
         g["total_ns"] += k.dur_ns
         g["overlapped_ns"] += k.overlapped_ns

@@ -3,8 +3,8 @@
 ## What it does
 Per rank (run) and device, measures how much of the time spent in communication kernels (the
 kernels of the `collectives` view: `nccl*`, `rccl*` and custom all-reduce kernels) runs while no
-compute kernel is busy on the same device. Compute is the `compute` layer of `gpu_busy_layers`,
-the union of the device's other kernels (memcpy/memset too when `memcpy_is_compute` is set); a
+compute kernel is busy on the same device. Compute is the union of the device's other kernels (the
+`compute` layer of `gpu_busy_layers`; memcpy/memset too when `memcpy_is_compute` is set); a
 collective's exposed time is its duration minus its overlap with that union. Overlap % =
 overlapped comm / total comm, as HTA's `get_comm_comp_overlap` defines it. The finding names the
 rank, device, comm stream, the collectives with the most exposed time (kernel, collective, message
@@ -72,9 +72,7 @@ WAITING = 0.5  # share of the exposed time spent waiting for a peer from which t
 )
 def check(con, params, ctx):
     comm_devices = rows(
-        con,
-        "SELECT run_id, device, count(*) AS kernels FROM collectives WHERE kernel_event_id IS NOT NULL "
-        "GROUP BY ALL ORDER BY ALL",
+        con, "SELECT run_id, device, count(*) AS kernels FROM kernels WHERE is_communication GROUP BY ALL ORDER BY ALL"
     )
     world = dict(con.execute("SELECT run_id, world_size FROM runs").fetchall())
     yield from _unrecognised_collectives(con, ctx, world, {d.run_id for d in comm_devices})

@@ -92,7 +92,9 @@ CREATE OR REPLACE MACRO host_blocking_exempting(small_htod_bytes) AS TABLE
 WITH _copies AS (
     SELECT l.run_id, l.runtime_event_id, first(l.gpu_name ORDER BY l.gpu_event_id) AS copy_name,
            first(g.bytes ORDER BY l.gpu_event_id) AS bytes
-    FROM launches l JOIN gpu_activities g ON g.event_id = l.gpu_event_id
+    FROM launches l
+    JOIN (SELECT event_id, bytes FROM gpu_activities WHERE kind IN ('gpu_memcpy', 'gpu_memset')) g
+      ON g.event_id = l.gpu_event_id
     WHERE l.gpu_kind IN ('gpu_memcpy', 'gpu_memset')
     GROUP BY l.run_id, l.runtime_event_id
 ), _classified AS (

@@ -116,18 +116,28 @@ WITH ops AS (
     SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, o.event_id, o.ts_ns, o.end_ns, o.pid, o.tid,
            NULL, o.args
     FROM ops o WHERE o.event_id NOT IN (SELECT op_event_id FROM paired WHERE op_event_id IS NOT NULL)
-), described AS (
+), parameters AS (
+    -- each args object parsed once: the parameter keys, in the order of described's columns
     SELECT p.*,
-           coalesce(kernel_args->>'Collective name', op_args->>'Collective name', substr(annotation, 6),
-                    nullif(lower(regexp_extract(kernel_name, '^nccl(?:Dev)?Kernel_([A-Za-z]+)', 1)), '')) AS collective,
-           coalesce(kernel_args->>'Process Group Name', op_args->>'Process Group Name', '') AS process_group,
-           coalesce(kernel_args->>'Process Group Description', op_args->>'Process Group Description') AS process_group_desc,
-           coalesce(kernel_args->>'Process Group Ranks', op_args->>'Process Group Ranks') AS group_ranks,
-           TRY_CAST(coalesce(kernel_args->>'Group size', op_args->>'Group size') AS INTEGER) AS group_size,
-           coalesce(kernel_args->>'dtype', op_args->>'dtype') AS dtype,
-           TRY_CAST(coalesce(kernel_args->>'In msg nelems', op_args->>'In msg nelems') AS BIGINT) AS in_nelems,
-           TRY_CAST(coalesce(kernel_args->>'Out msg nelems', op_args->>'Out msg nelems') AS BIGINT) AS out_nelems
+           json_extract_string(kernel_args, ['$."Collective name"', '$."Process Group Name"',
+               '$."Process Group Description"', '$."Process Group Ranks"', '$."Group size"', '$.dtype',
+               '$."In msg nelems"', '$."Out msg nelems"']) AS k,
+           json_extract_string(op_args, ['$."Collective name"', '$."Process Group Name"',
+               '$."Process Group Description"', '$."Process Group Ranks"', '$."Group size"', '$.dtype',
+               '$."In msg nelems"', '$."Out msg nelems"']) AS o
     FROM (SELECT * FROM paired UNION ALL SELECT * FROM lone_ops) p
+), described AS (
+    SELECT * EXCLUDE (k, o, kernel_args, op_args),
+           coalesce(k[1], o[1], substr(annotation, 6),
+                    nullif(lower(regexp_extract(kernel_name, '^nccl(?:Dev)?Kernel_([A-Za-z]+)', 1)), '')) AS collective,
+           coalesce(k[2], o[2], '') AS process_group,
+           coalesce(k[3], o[3]) AS process_group_desc,
+           coalesce(k[4], o[4]) AS group_ranks,
+           TRY_CAST(coalesce(k[5], o[5]) AS INTEGER) AS group_size,
+           coalesce(k[6], o[6]) AS dtype,
+           TRY_CAST(coalesce(k[7], o[7]) AS BIGINT) AS in_nelems,
+           TRY_CAST(coalesce(k[8], o[8]) AS BIGINT) AS out_nelems
+    FROM parameters
 )
 SELECT d.run_id, r.rank, r.world_size, d.collective, d.process_group, d.process_group_desc, d.group_ranks, d.group_size,
        d.dtype, d.in_nelems, d.out_nelems, d.in_nelems * dtype_bytes(d.dtype), d.kernel_event_id, d.kernel_name, d.device,
