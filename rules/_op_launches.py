@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-# One row per (op occurrence, kernel, launch configuration): how often the op launched it. Launches
-# are single-kernel runtime calls outside CUDA graphs; the op is the nearest cpu_op ancestor of the
-# call (ProfilerStep#N is a step, not an op), else the only cpu_op with the call's External id.
+# One row per (op occurrence, kernel, launch configuration): how often the op launched it. Each GPU
+# activity counts once, by the call that launched it (`first_launches`); launches are calls that
+# launched one activity, outside CUDA graphs; the op is the nearest cpu_op ancestor of the call
+# (ProfilerStep#N is a step, not an op), else the only cpu_op with the call's External id.
 GROUPS_SQL = """
 WITH RECURSIVE calls AS (
     SELECT runtime_event_id, any_value(runtime_name) AS runtime_name, any_value(external_id) AS external_id,
            count(*) AS gpu_work
-    FROM launches WHERE run_id = $run_id GROUP BY runtime_event_id
+    FROM first_launches WHERE run_id = $run_id GROUP BY runtime_event_id
 ), nodes AS MATERIALIZED (
     -- the host call tree of this run, read once: every step of the walk below joins this, not event_rows
     SELECT rowid AS id, parent_id, kind = 'cpu_op' AND name NOT LIKE 'ProfilerStep#%' AS is_op
@@ -29,7 +30,7 @@ WITH RECURSIVE calls AS (
     GROUP BY external_id HAVING count(*) = 1
 ), work AS (
     SELECT l.gpu_event_id, l.gpu_kind, l.gpu_dur_ns, coalesce(t.op_id, x.op_id) AS op_id
-    FROM launches l JOIN calls c ON c.runtime_event_id = l.runtime_event_id
+    FROM first_launches l JOIN calls c ON c.runtime_event_id = l.runtime_event_id
     LEFT JOIN by_tree t ON t.runtime_event_id = l.runtime_event_id
     LEFT JOIN by_external x ON x.external_id = c.external_id
     WHERE l.run_id = $run_id AND c.gpu_work = 1 AND NOT regexp_matches(c.runtime_name, 'GraphLaunch')

@@ -1,16 +1,17 @@
 """Communication not hidden behind computation (C001 exposed-comm).
 
 ## What it does
-Per rank (run) and device, measures how much of the time spent in communication kernels
-(`kernels.is_communication`: `nccl*`, `rccl*`) runs while no compute kernel is busy on the same
-device. Compute is the union of all other kernels' intervals on the device (memcpy/memset too when
-`memcpy_is_compute` is set); a collective's exposed time is its duration minus its overlap with
-that union. Overlap % = overlapped comm / total comm, as HTA's `get_comm_comp_overlap` defines it.
-The finding names the rank, device, comm stream, the collectives with the most exposed time (kernel,
-`Collective name`, message size, dtype, group size from the kernel's args when the trace has them),
-and the op and Python frames that launched the worst one. When several ranks of one job are loaded,
-it matches collectives across ranks by order and splits exposed time into *waiting for a late
-peer* (start skew) and the rest (transfer).
+Per rank (run) and device, measures how much of the time spent in communication kernels (the
+kernels of the `collectives` view: `nccl*`, `rccl*` and custom all-reduce kernels) runs while no
+compute kernel is busy on the same device. Compute is the union of the device's other kernels (the
+`compute` layer of `gpu_busy_layers`; memcpy/memset too when `memcpy_is_compute` is set); a
+collective's exposed time is its duration minus its overlap with that union. Overlap % =
+overlapped comm / total comm, as HTA's `get_comm_comp_overlap` defines it. The finding names the
+rank, device, comm stream, the collectives with the most exposed time (kernel, collective, message
+size, dtype, group size, as `collectives` reads them from the kernel's or its op's args), and the
+op and Python frames that launched the worst one. When several ranks of one job are loaded, it
+matches collectives across ranks by their order in each process group and splits exposed time into
+*waiting for a late peer* (start skew) and the rest (transfer).
 
 ## Why it matters
 Exposed communication is time the device does no compute, so it adds directly to step time.
@@ -197,11 +198,9 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
             [run.run_id, device],
         )
     }  # fmt: skip
-    top, stream_exposed = _collectives.collective_groups(
-        con, run.run_id, device, kernels, cross, params["top_collectives"]
-    )
+    top, stream_exposed = _collectives.collective_groups(kernels, cross, params["top_collectives"])
     worst = top[0]
-    launcher = _collectives.launcher(con, ctx, run.run_id, worst)
+    launcher = _collectives.launcher(con, ctx, next(k for k in kernels if k.event_id == worst["worst_event_id"]))
     comm_stream = max(stream_exposed, key=lambda s: (stream_exposed[s], -s))
     comm_streams = sorted(stream_exposed)
     shared_streams = sorted(compute_streams & set(comm_streams))
@@ -263,7 +262,7 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
             op=op.name if op else None,
             input_shapes=op.input_dims if op and op.input_dims else None,
             code_path=launcher["code_path"],
-            window_ns=[min(k.ts_ns for k in kernels), max(k.end_ns for k in kernels)],
+            window_ns=[min(k.start_ns for k in kernels), max(k.end_ns for k in kernels)],
             launch=launch or None,
         ),
         observed=Quantity(

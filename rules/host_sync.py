@@ -4,9 +4,12 @@
 Finds runtime calls that block the launching CPU thread until the GPU catches up, repeated at the
 same call site: `cudaDeviceSynchronize`, `cudaStreamSynchronize`, `cudaEventSynchronize` (and
 their `hip*`/`cu*` forms), synchronous `cudaMemcpy`/`cudaMemset`, and async copies into pageable
-host memory (which the driver turns synchronous). A call site is the thread, the call and the op
-or Python frame that issued it (e.g. `aten::_local_scalar_dense`, i.e. `tensor.item()`), so the
-finding names the line of code to change.
+host memory (which the driver turns synchronous): the `host_blocking` view. A call site is the
+thread, the call and the op or Python frame that issued it (e.g. `aten::_local_scalar_dense`, i.e.
+`tensor.item()`), so the finding names the line of code to change. A site's cost is the GPU idle
+`host_blocking` charges its calls: each idle gap of the run's main device once, to the call that
+was waiting when the device drained, from that call's return until the next GPU work. A call that
+starts with the GPU already idle returns at once and costs nothing.
 
 ## Why it matters
 While the host waits it enqueues nothing, so the GPU drains its queue and then idles until the
@@ -26,9 +29,9 @@ and `non_blocking=True`, and read it one step late.
 
 ## Options
 - `min_calls` (3): a site must repeat this often to count as steady state.
-- `min_share` (0.005): report sites whose cost, the GPU idle time from each call's return until
-  the next GPU work, is at least this share of the run's window. (Time the host spends blocked
-  is not the cost: the GPU is busy then, and when it is the bottleneck the wait is harmless.)
+- `min_share` (0.005): report sites whose cost, the GPU idle charged to their calls, is at least
+  this share of the run's window. (Time the host spends blocked is not the cost: the GPU is busy
+  then, and when it is the bottleneck the wait is harmless.)
 - `small_htod_bytes` (65536): synchronous host-to-device copies up to this size are exempt (as in nsys).
 - `critical_share` (0.1): severity critical when a site's cost is at least this share of the run's
   window.
@@ -42,8 +45,30 @@ from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _host_blocking
 from tracekit.units import duration
+
+# The run's repeated blocking call sites (thread, call, issuing op or frame) over the thresholds.
+SITES_SQL = """
+SELECT pid, tid, call, site, any_value(blocking) AS blocking, count(*) AS calls,
+       count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
+       min(ts_ns) AS first_ns, max(end_ns) AS last_ns, arg_max(event_id, dur_ns) AS worst_event_id,
+       list(event_id ORDER BY charged_idle_ns DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
+       median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
+FROM host_blocking_exempting($small_htod_bytes) WHERE run_id = $run_id
+GROUP BY pid, tid, call, site
+HAVING count(*) >= $min_calls AND sum(charged_idle_ns) >= $min_share * $window
+ORDER BY sum(charged_idle_ns) DESC, site, call
+"""
+
+# The evidence query: the GPU idle charged to one site, its calls and the time they blocked the host.
+SITE_SQL = """
+SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, count(*) AS calls,
+       count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS host_blocked_ns,
+       min(ts_ns) AS first_ns, max(end_ns) AS last_ns
+FROM host_blocking_exempting($small_htod_bytes)
+WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
+  AND site = $site
+"""
 
 
 @rule(
@@ -56,7 +81,9 @@ from tracekit.units import duration
         "min_calls": Param(3, "a site must repeat at least this often", "calls"),
         "min_share": Param(0.005, "smallest share of the run window worth reporting", "ratio"),
         "small_htod_bytes": Param(65536, "sync HtoD copies up to this size are exempt", "bytes"),
-        **share_params("the GPU idle time after the site's calls over the run window", critical=0.10, warning=0.02),
+        **share_params(
+            "the GPU idle time charged to the site's calls over the run window", critical=0.10, warning=0.02
+        ),
     },
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
@@ -67,7 +94,7 @@ def check(con, params, ctx):
             continue
         sites = rows(
             con,
-            _host_blocking.SITES_SQL,
+            SITES_SQL,
             {
                 "run_id": run.run_id,
                 "small_htod_bytes": params["small_htod_bytes"],
@@ -83,13 +110,14 @@ def check(con, params, ctx):
 def _finding(ctx, run, params, s) -> Finding:
     cost = int(s.gpu_idle_after_ns)
     implicit = s.blocking == "sync"
+    calls = f"{s.charged_calls} of {s.calls}" if s.charged_calls < s.calls else f"{s.calls}"
     return Finding(
         rule="H001",
         severity=by_share(cost / run.window_ns, params),
         confidence=0.9 if implicit else 0.8,
         title=(
-            f"GPU idle {duration(cost)} after {s.calls} blocking {s.call} ({s.blocking}) from {s.site} "
-            f"(host blocked {duration(s.blocked_ns)} in them)"
+            f"GPU idle {duration(cost)} after {calls} blocking {s.call} ({s.blocking}) "
+            f"from {s.site} (host blocked {duration(s.blocked_ns)} in them)"
         ),
         locality=locality(
             run,
@@ -102,15 +130,17 @@ def _finding(ctx, run, params, s) -> Finding:
         observed=Quantity(
             cost,
             "ns",
-            f"GPU idle from the return of each of {s.calls} calls until the next GPU work; the host was "
-            f"blocked {duration(s.blocked_ns)} in them (median {duration(s.median_ns)}), waiting for the GPU",
+            f"GPU idle on the main device from the return of {calls} calls (those that were "
+            f"waiting when the GPU drained, each gap counted once) until the next GPU work; the host was blocked "
+            f"{duration(s.blocked_ns)} in the calls (median {duration(s.median_ns)}), waiting for the GPU",
         ),
         expected=Quantity(0, "ns", "no blocking call inside the steady-state loop"),
         impact_ns=cost,
         window_ns=run.window_ns,
-        sql=_host_blocking.SITE_SQL,
+        sql=SITE_SQL,
         sql_params={
             "run_id": run.run_id,
+            "pid": s.pid,
             "tid": s.tid,
             "call": s.call,
             "site": s.site,

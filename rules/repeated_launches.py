@@ -1,13 +1,14 @@
 """Identical kernels launched again and again inside one op (K002 repeated-launches).
 
 ## What it does
-Groups every kernel launch by the op occurrence that issued it (the nearest `cpu_op` above the
-runtime call in the call tree, else the one `cpu_op` sharing its `External id`) and finds launches
-of the same kernel with the same launch arguments Kineto records (grid, block, shared memory,
-registers per thread) more than once inside one occurrence. It reports, per run, op, input shapes,
-kernel and launch configuration, the GPU time of all but one copy (the longest is kept, so the
-number is a lower bound of what one launch would save), summed over the occurrences that repeat,
-and the share of those occurrences' GPU time the repeats take.
+Groups every kernel launch (each kernel once, with the call that launched it: `first_launches`) by
+the op occurrence that issued it (the nearest `cpu_op` above the runtime call in the call tree, else
+the one `cpu_op` sharing its `External id`) and finds launches of the same kernel with the same
+launch arguments Kineto records (grid, block, shared memory, registers per thread) more than once
+inside one occurrence. It reports, per run, op, input shapes, kernel and launch configuration, the
+GPU time of all but one copy (the longest is kept, so the number is a lower bound of what one
+launch would save), summed over the occurrences that repeat, and the share of those occurrences'
+GPU time the repeats take.
 
 It stays quiet where identical launches are how the work is done: CUDA-graph replays (a
 `cudaGraphLaunch` matches every kernel of the graph, so a call that matched more than one GPU

@@ -12,9 +12,12 @@ import pytest
 
 import tracekit
 from tests.conftest import corpus, sample
+from tracekit import db
 from tracekit.api import side_labels
-from tracekit.compare.diff import bootstrap_ci, parse_accept
+from tracekit.compare.diff import bootstrap_ci, parse_accept, render
+from tracekit.compare.window_sums import hits_sql
 from tracekit.errors import TracekitError
+from tracekit.units import duration
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
 EAGER = sample("gpu_prefill_decode_eager.json.gz")
@@ -201,3 +204,39 @@ def test_help_lists_every_metric():
 
     for metric in METRICS:
         assert metric.split(":")[0] in ACCEPT_HELP
+
+
+def test_text_and_markdown_print_durations_by_magnitude():
+    doc = diff(EAGER, GRAPH)
+    step = doc["delta"]["step"]
+    assert step["candidate"]["time_ns"] < 1e6 < step["baseline"]["time_ns"]
+    for out in (render(doc, "text"), render(doc, "markdown")):
+        assert duration(step["baseline"]["time_ns"]).endswith(" ms") and duration(step["baseline"]["time_ns"]) in out
+        assert duration(step["candidate"]["time_ns"]).endswith(" us") and duration(step["candidate"]["time_ns"]) in out
+        assert duration(step["delta_ns"]) in out  # negative deltas keep their sign
+
+
+def test_window_hits_match_a_range_join():
+    # windows of two sides: disjoint, overlapping, nested and empty ones; intervals spanning window edges
+    # and several windows, covering a whole window, zero-length, touching an edge, on another device
+    windows = [("baseline", 1, 0, 10, 50), ("baseline", 1, 0, 40, 90), ("baseline", 1, 0, 42, 44), ("baseline", 1, 0, 95, 95),
+               ("baseline", 1, 0, 100, 120), ("candidate", 2, 0, 0, 30), ("candidate", 2, 0, 60, 61)]  # fmt: skip
+    intervals = [(1, 0, 0, 15), (1, 0, 20, 20), (1, 0, 45, 100), (1, 0, 50, 60), (1, 1, 10, 90), (1, 0, 0, 200),
+                 (1, 0, 95, 96), (2, 0, 5, 70), (2, 0, 30, 40), (2, 0, 29, 29), (2, 0, 61, 62), (2, 0, 60, 60)]  # fmt: skip
+    con = db.connect(None)
+    con.execute("CREATE TEMP TABLE diff_windows (side VARCHAR, run_id INTEGER, device INTEGER, grp VARCHAR, idx INTEGER, "
+                "ts_ns BIGINT, end_ns BIGINT)")  # fmt: skip
+    con.executemany("INSERT INTO diff_windows VALUES (?, ?, ?, 'g', 0, ?, ?)", windows)
+    con.execute("CREATE TEMP TABLE iv (id INTEGER, run_id INTEGER, device INTEGER, ts_ns BIGINT, end_ns BIGINT)")
+    con.executemany("INSERT INTO iv VALUES (?, ?, ?, ?, ?)", [(i, *iv) for i, iv in enumerate(intervals)])
+    for on_device in (True, False):
+        for starts_only in (False, True):
+            expected = sorted(
+                (i, side, min(end, hi) - max(ts, lo))
+                for side, run, dev, lo, hi in windows
+                for i, (r, d, ts, end) in enumerate(intervals)
+                if r == run and (d == dev or not on_device)
+                and ((lo <= ts < hi) if starts_only else (ts < hi and end > lo))
+            )  # fmt: skip
+            got = con.execute(hits_sql("SELECT * FROM iv", on_device, starts_only), {"grp": "g"}).fetchall()
+            assert sorted(got) == expected, (on_device, starts_only)

@@ -10,7 +10,6 @@ import pytest
 from tracekit.engine.registry import get_rule
 from tracekit.engine.runner import run_rules
 from tracekit.findings.model import json_schema
-from tracekit.rules._collectives import message_bytes
 
 from .conftest import corpus, evidence, sample
 
@@ -66,7 +65,7 @@ def test_fires_on_tensor_parallel_rank_that_waits(tp):
     assert f.severity in ("warning", "critical") and f.impact_share >= 0.05
     top = f.extra["top_collectives"]
     assert top == sorted(top, key=lambda g: -g["exposed_ns"])
-    assert top[0]["Collective name"] == "allreduce" and top[0]["message_bytes"] > 0
+    assert top[0]["collective"] == "allreduce" and top[0]["message_bytes"] == 2 * top[0]["in_nelems"]  # bf16
     assert sum(g["exposed_ns"] for g in top) <= f.observed.value
     assert f.sample_event_ids and set(f.sample_event_ids) <= {
         r[0] for r in tp.execute("SELECT event_id FROM kernels WHERE is_communication").fetchall()
@@ -193,14 +192,16 @@ def test_thresholds_select_devices(tp):
 
 
 def test_sendrecv_collectives_are_named_from_their_annotation(loaded):
-    """Older traces carry no 'Collective name' in kernel args: the nccl:<op> annotation names the collective."""
+    """Older traces carry no 'Collective name' in any args: the nccl:<op> annotation around the launch names
+    the collective (an all-to-all runs as SendRecv kernels)."""
     con = loaded(corpus("hta__trace_diff__control.json.gz"))
     [f] = c001(con)[0]
     annotated = {r[0] for r in con.execute(
         """SELECT p.name FROM launches l JOIN runtime_calls r ON r.event_id = l.runtime_event_id
            JOIN events p ON p.event_id = r.parent_id WHERE p.name LIKE 'nccl:%'""").fetchall()}  # fmt: skip
     assert f.locality["launch"]["annotation"] in annotated
-    assert all(g.get("annotation") in annotated for g in f.extra["top_collectives"])
+    assert "SendRecv" in f.locality["kernel"] and f.locality["launch"]["collective"] == "all_to_all"
+    assert all("nccl:" + g["collective"] in annotated for g in f.extra["top_collectives"])
 
 
 def test_unaligned_ranks_are_not_matched(loaded):
@@ -231,9 +232,3 @@ def test_quiet_without_communication(loaded, path):
     has_kernels = con.execute("SELECT EXISTS (SELECT 1 FROM kernels)").fetchone()[0]
     # Without kernels the framework reports the missing input; with kernels and no peers there is nothing to say.
     assert bool(notes) == (not has_kernels)
-
-
-def test_message_bytes():
-    assert message_bytes({"In msg nelems": 4096, "dtype": "BFloat16"}) == 8192
-    assert message_bytes({"In msg nelems": 10, "dtype": "Float"}) == 40
-    assert message_bytes({"dtype": "Float"}) is None

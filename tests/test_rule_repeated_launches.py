@@ -46,9 +46,10 @@ class TraceBuilder:
         )  # fmt: skip
         self.gpu_t += dur + 1
 
-    def op(self, ts, name, launches, kernel=KERNEL, dur=100.0, grids=None, shapes=SHAPES, graph=False):
+    def op(self, ts, name, launches, kernel=KERNEL, dur=100.0, grids=None, shapes=SHAPES, graph=False, driver=False):
         """A cpu_op at ts (us) whose body launches `launches` kernels (one cudaGraphLaunch replaying
-        them all when graph is set); returns the op's end."""
+        them all when graph is set; each cudaLaunchKernel with the cuLaunchKernel inside it, carrying
+        the same correlation, when driver is set); returns the op's end."""
         self.ext += 1
         ext = self.ext
         calls = 1 if graph else launches
@@ -69,6 +70,13 @@ class TraceBuilder:
                     "pid": 100, "tid": 100, "ts": call_ts, "dur": 5, "args": {"correlation": corr, "External id": ext},
                 }
             )  # fmt: skip
+            if driver:
+                self.events.append(
+                    {
+                        "ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 100, "tid": 100,
+                        "ts": call_ts + 1, "dur": 3, "args": {"correlation": corr, "External id": ext},
+                    }
+                )  # fmt: skip
             for j in range(launches if graph else 1):
                 grid = (grids or [[64, 1, 1]] * launches)[j if graph else i]
                 self._kernel(kernel, corr, ext, call_ts + 6, dur, grid, [256, 1, 1])
@@ -139,6 +147,17 @@ def test_repeated_launches_in_one_op_call_are_found(tmp_path):
 def test_healthy_twin_with_one_launch_per_call_is_quiet(tmp_path):
     con = load(build(tmp_path, "healthy", repeats=1))
     assert con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+    assert k002(con, min_share=0.0, min_occurrences=1, min_occurrence_share=0.0)[0] == []
+
+
+def test_a_kernel_recorded_with_its_runtime_and_driver_call_launches_once(tmp_path):
+    # CUPTI can record both the runtime call and the driver call under it with one correlation id
+    b = TraceBuilder()
+    t = 0.0
+    for _ in range(6):
+        t = b.op(t, OP, 1, driver=True) + 50
+    con = load(b.write(tmp_path / "driver.json"))
+    assert con.execute("SELECT count(*) FROM launches").fetchone()[0] == 2 * 6
     assert k002(con, min_share=0.0, min_occurrences=1, min_occurrence_share=0.0)[0] == []
 
 

@@ -195,10 +195,10 @@ def test_bool_and_int_params_coerce_from_cli_text():
 
 def test_a_rule_whose_query_fails_becomes_a_data_quality_note(loaded, monkeypatch):
     from tracekit.engine.runner import run_rules
-    from tracekit.rules import _host_blocking
+    from tracekit.rules import host_sync
 
     con = loaded(sample("gpu_prefill_decode_eager.json.gz"))
-    monkeypatch.setattr(_host_blocking, "SITES_SQL", "SELECT * FROM no_such_table")
+    monkeypatch.setattr(host_sync, "SITES_SQL", "SELECT * FROM no_such_table")
     found, notes = run_rules(con, ["H001", "G001"])
     assert [n.rule for n in notes if "failed" in n.message] == ["H001"]
     assert {f.rule for f in found} == {"G001"}

@@ -15,6 +15,7 @@ TP2 = (sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz"))
 RESNET = "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"
 NSYS = "pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite"
 NCCL = "hta__nccl_parser_config__nccl_data.json.gz"
+SAMPLED = "hta__trace_filter__sampled_rank-1.json.gz"
 
 HOST, GPU = (1, 1), (0, 7)  # (pid, tid) of the main thread; (device, stream)
 
@@ -207,7 +208,8 @@ def test_host_blocking_charges_each_gap_once():
     #        B [60 -- 105)    waited at the drain, returns first        -> 300 - 105 = 195
     #                 C [150-160)       did not wait: the gap is B's   -> 0
     #                                    E [310-320) returns while busy -> 0, no gap
-    #                                               D [420-430)  only candidate of the gap -> 500 - 430 = 70
+    #                                          G [380 ---- 410)  waited at the drain -> 500 - 410 = 90
+    #                                               D [420-430)  started with the GPU idle: blocked nothing -> 0
     def sync(name, ts, dur, tid):
         return {"kind": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "tid": tid, "depth": 0}
 
@@ -215,11 +217,12 @@ def test_host_blocking_charges_each_gap_once():
         kernel("k", 0, 100), kernel("k", 300, 100), kernel("k", 500, 100),
         sync("cudaStreamSynchronize", 50, 60, 1), sync("cudaDeviceSynchronize", 60, 45, 2),
         sync("cudaEventSynchronize", 150, 10, 1), sync("cudaStreamSynchronize", 310, 10, 1),
-        sync("cudaStreamSynchronize", 420, 10, 1), sync("cudaLaunchKernel", 430, 1, 1),
+        sync("cudaStreamSynchronize", 380, 30, 2), sync("cudaStreamSynchronize", 420, 10, 1),
+        sync("cudaLaunchKernel", 430, 1, 1),
     ])  # fmt: skip
     got = {r["ts_ns"]: r for r in rows(con, "SELECT * FROM host_blocking")}
-    assert sorted(got) == [50, 60, 150, 310, 420]  # the launch is not a blocking call
-    assert {ts: r["charged_idle_ns"] for ts, r in got.items()} == {50: 0, 60: 195, 150: 0, 310: 0, 420: 70}
+    assert sorted(got) == [50, 60, 150, 310, 380, 420]  # the launch is not a blocking call
+    assert {ts: r["charged_idle_ns"] for ts, r in got.items()} == {50: 0, 60: 195, 150: 0, 310: 0, 380: 90, 420: 0}
     assert (got[310]["gap_start_ns"], got[420]["gap_start_ns"], got[420]["gap_end_ns"]) == (None, 400, 500)
     assert {r["blocking"] for r in got.values()} == {"sync"} and got[60]["site"] == "(top level)"
     idle = con.execute("SELECT sum(dur_ns) FROM idle_gaps").fetchone()[0]
@@ -260,6 +263,37 @@ def test_collectives_pair_kernels_with_their_ops():
     ar = got[0]
     assert (ar["bytes"], ar["group_size"], ar["rank"], ar["gpu_dur_ns"], ar["op_ts_ns"]) == (2048, 2, 0, 30, 0)
     assert got[1]["kernel_event_id"] is None and got[2]["op_event_id"] is None
+
+
+def test_collectives_pair_old_kernels_through_the_launch_call():
+    # older Kineto: the kernel's External id is its correlation id, the op carries no args; the op is the
+    # record_param_comms around the launch call, the collective the nccl: annotation around it
+    #  0  [record_param_comms (a barrier, no kernel)-)
+    #  20       [record_param_comms ----------------------------)
+    #  25          [nccl:all_to_all ---------------------)
+    #  30             [cudaLaunchKernel -)   kernel SendRecv at 50
+    con = make_run([
+        {"name": "record_param_comms", "ts": 0, "dur": 10, "ext": 4},
+        {"name": "record_param_comms", "ts": 20, "dur": 40, "ext": 5, "depth": 0},
+        {"kind": "user_annotation", "name": "nccl:all_to_all", "ts": 25, "dur": 30, "ext": 6, "depth": 1},
+        {"kind": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 30, "dur": 5, "corr": 77, "ext": 77, "depth": 2},
+        kernel("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclWorkElem)", 50, 20, corr=77, ext=77, stream=21),
+    ])  # fmt: skip
+    ids = dict(con.execute("SELECT ts_ns, rowid FROM event_rows").fetchall())
+    con.execute("UPDATE event_rows SET parent_id = ? WHERE ts_ns = 25", [ids[20]])
+    con.execute("UPDATE event_rows SET parent_id = ? WHERE ts_ns = 30", [ids[25]])
+    got = rows(con, "SELECT * FROM collectives ORDER BY seq")
+    assert [(c["kernel_event_id"], c["op_event_id"], c["collective"]) for c in got] == [
+        (None, ids[0], None), (ids[50], ids[20], "all_to_all")]  # fmt: skip
+    assert (got[1]["annotation"], got[1]["launch_event_id"], got[1]["op_ts_ns"]) == ("nccl:all_to_all", ids[30], 20)
+
+
+def test_dtype_bytes():
+    got = db.connect(None).execute(
+        "SELECT dtype_bytes('BFloat16'), dtype_bytes('c10::Half'), dtype_bytes('Float'), dtype_bytes('float8_e4m3fn'), "
+        "dtype_bytes('Long'), dtype_bytes('no such type')"
+    ).fetchone()
+    assert got == (2, 2, 4, 1, 8, None)
 
 
 @pytest.mark.parametrize(
@@ -352,9 +386,9 @@ def test_idle_gaps_agree_with_gpu_idle_on_a_one_stream_device(loaded):
     assert con.execute("SELECT count(*) FROM idle_gaps").fetchone()[0] == finding.extra["gaps"]
 
 
-@pytest.mark.parametrize("name", ["eager", "nccl"])
+@pytest.mark.parametrize("name", [EAGER, corpus(SAMPLED)], ids=["eager", "sampled"])
 def test_host_blocking_never_charges_a_gap_twice(loaded, name):
-    con = loaded(EAGER if name == "eager" else corpus(NCCL))
+    con = loaded(name)
     charged, calls, gaps = con.execute(
         "SELECT sum(charged_idle_ns), count(*) FILTER (WHERE charged_idle_ns > 0), "
         "count(DISTINCT gap_start_ns) FILTER (WHERE charged_idle_ns > 0) FROM host_blocking"
@@ -363,9 +397,22 @@ def test_host_blocking_never_charges_a_gap_twice(loaded, name):
         "SELECT sum(g.dur_ns) FROM idle_gaps g JOIN main_device m ON m.run_id = g.run_id AND m.device = g.device"
     ).fetchone()[0]
     assert 0 < charged <= idle and calls == gaps
-    if name == "nccl":  # 24 event syncs return inside 2 gaps: charging each from its return counts more
-        naive = con.execute("SELECT sum(gap_end_ns - end_ns) FROM host_blocking WHERE gap_start_ns IS NOT NULL").fetchone()[0]
-        assert naive > charged
+    # only calls that were waiting when the device drained are charged, each from its return to the gap's end
+    waited = con.execute(
+        "SELECT sum(gap_end_ns - end_ns) FROM host_blocking WHERE ts_ns <= gap_start_ns AND charged_idle_ns > 0"
+    ).fetchone()[0]
+    assert waited == charged
+
+
+def test_host_blocking_charges_nothing_to_syncs_that_did_not_wait(loaded):
+    # DDP's forward: 24 cudaEventSynchronize of a few us each, all started with the device already idle; 16
+    # return inside 2 gaps: charging each from its return would count those gaps 8 times over
+    con = loaded(corpus(NCCL))
+    charged, naive, waited = con.execute(
+        "SELECT sum(charged_idle_ns), sum(gap_end_ns - end_ns) FILTER (WHERE gap_start_ns IS NOT NULL), "
+        "count(*) FILTER (WHERE ts_ns <= gap_start_ns) FROM host_blocking WHERE call = 'cudaEventSynchronize'"
+    ).fetchone()
+    assert charged == waited == 0 < naive
 
 
 def test_host_blocking_matches_host_sync_where_each_gap_has_one_call(loaded):

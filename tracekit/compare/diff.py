@@ -21,7 +21,9 @@ import random
 import re
 from dataclasses import dataclass
 
+from tracekit.compare.window_sums import hits_sql
 from tracekit.errors import TracekitError
+from tracekit.units import duration
 
 DIFF_SCHEMA_VERSION = "1.0"
 SIDES = ("baseline", "candidate")
@@ -171,21 +173,20 @@ FROM busy b JOIN started s USING (run_id, idx) JOIN ended e USING (run_id, idx)
 ORDER BY b.side, b.run_id, b.idx
 """
 
-# Every activity's time clipped to the window, per (kind, name): the additive GPU terms.
+# Each GPU activity's time clipped to each window of the group it hits (window_sums finds them by ASOF
+# lookups, never by a range join), kept in the temp table diff_activity_hits for the three GPU views below.
+ACTIVITY_HITS_SQL = hits_sql("SELECT run_id, device, event_id AS id, ts_ns, end_ns FROM gpu_activities", on_device=True)
+
+# Activity time per (kind, name): the additive GPU terms.
 GPU_TERMS_SQL = """
-WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp)
-SELECT w.side, a.kind, a.name, sum(least(a.end_ns, w.end_ns) - greatest(a.ts_ns, w.ts_ns)) AS ns, count(*) AS n
-FROM w JOIN gpu_activities a ON a.run_id = w.run_id AND a.device = w.device
- AND a.ts_ns < w.end_ns AND a.end_ns > w.ts_ns
+SELECT h.side, a.kind, a.name, sum(h.ns) AS ns, count(*) AS n
+FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
 GROUP BY ALL
 """
 
 STREAMS_SQL = """
-WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp)
-SELECT w.side, 'stream ' || a.stream AS name, sum(least(a.end_ns, w.end_ns) - greatest(a.ts_ns, w.ts_ns)) AS ns,
-       count(*) AS n
-FROM w JOIN gpu_activities a ON a.run_id = w.run_id AND a.device = w.device
- AND a.ts_ns < w.end_ns AND a.end_ns > w.ts_ns
+SELECT h.side, 'stream ' || a.stream AS name, sum(h.ns) AS ns, count(*) AS n
+FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
 GROUP BY ALL
 """
 
@@ -193,62 +194,67 @@ GROUP BY ALL
 # vs ampere_sgemm, sm80 vs sm90) matches across the sides: the name without 'void ', without template
 # arguments / parameter list and with architecture tokens masked.
 FAMILIES_SQL = """
-WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp),
-k AS (
-    SELECT w.side, least(a.end_ns, w.end_ns) - greatest(a.ts_ns, w.ts_ns) AS ns,
-           regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''), '[<(].*$', ''),
-                          '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g') AS family
-    FROM w JOIN gpu_activities a ON a.run_id = w.run_id AND a.device = w.device
-     AND a.ts_ns < w.end_ns AND a.end_ns > w.ts_ns
-    WHERE a.kind = 'kernel'
-)
-SELECT side, family AS name, sum(ns) AS ns, count(*) AS n FROM k GROUP BY ALL
+SELECT h.side,
+       regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''), '[<(].*$', ''),
+                      '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g') AS name,
+       sum(h.ns) AS ns, count(*) AS n
+FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
+WHERE a.kind = 'kernel'
+GROUP BY ALL
 """
 
 # Op self time (duration minus direct children) of the ops that start in the window.
-OPS_SQL = """
-WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp),
-o AS (
-    SELECT w.side, o.event_id, o.name, o.dur_ns FROM w JOIN cpu_ops o
-      ON o.run_id = w.run_id AND o.ts_ns >= w.ts_ns AND o.ts_ns < w.end_ns
-    WHERE o.dur_ns IS NOT NULL AND o.name NOT LIKE 'ProfilerStep#%'
-), child AS (
-    SELECT e.parent_id, sum(e.dur_ns) AS child_ns FROM events e
-    WHERE e.parent_id IN (SELECT event_id FROM o) AND e.dur_ns IS NOT NULL GROUP BY 1
+_OPS = (
+    "SELECT run_id, event_id AS id, ts_ns, end_ns FROM cpu_ops "
+    "WHERE dur_ns IS NOT NULL AND name NOT LIKE 'ProfilerStep#%'"
 )
-SELECT o.side, o.name, sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0)) AS ns, count(*) AS n
-FROM o LEFT JOIN child c ON c.parent_id = o.event_id GROUP BY ALL
+OPS_SQL = f"""
+WITH hits AS ({hits_sql(_OPS, on_device=False, starts_only=True)}),
+child AS (
+    SELECT e.parent_id, sum(e.dur_ns) AS child_ns FROM events e
+    WHERE e.parent_id IN (SELECT id FROM hits) AND e.dur_ns IS NOT NULL GROUP BY 1
+)
+SELECT h.side, o.name, sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0)) AS ns, count(*) AS n
+FROM hits h JOIN cpu_ops o ON o.event_id = h.id LEFT JOIN child c ON c.parent_id = o.event_id
+GROUP BY ALL
 """
 
 # Host time per thread: the outermost cpu_op / runtime / driver events, clipped to the window. The thread
 # that holds the step annotation is "step thread"; others are named with their digits masked, so that
 # threads match across runs.
-THREADS_SQL = """
-WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp),
+_OUTERMOST_HOST = """
+SELECT e.run_id, e.event_id AS id, e.ts_ns, e.end_ns FROM events e LEFT JOIN events p ON p.event_id = e.parent_id
+WHERE e.kind IN ('cpu_op', 'cuda_runtime', 'cuda_driver') AND e.dur_ns > 0
+  AND (p.kind IS NULL OR p.kind NOT IN ('cpu_op', 'cuda_runtime', 'cuda_driver'))
+"""
+THREADS_SQL = f"""
+WITH hits AS ({hits_sql(_OUTERMOST_HOST, on_device=False)}),
 steptid AS (
     SELECT DISTINCT e.run_id, e.pid, e.tid FROM events e JOIN diff_windows d
       ON d.grp = 'step' AND d.run_id = e.run_id AND d.ts_ns = e.ts_ns
     WHERE e.kind IN ('user_annotation', 'cpu_op')
-), h AS (
-    SELECT e.* FROM events e LEFT JOIN events p ON p.event_id = e.parent_id
-    WHERE e.kind IN ('cpu_op', 'cuda_runtime', 'cuda_driver') AND e.dur_ns > 0
-      AND (p.kind IS NULL OR p.kind NOT IN ('cpu_op', 'cuda_runtime', 'cuda_driver'))
 )
-SELECT w.side,
+SELECT h.side,
        CASE WHEN st.tid IS NOT NULL THEN 'step thread'
             ELSE regexp_replace(coalesce(t.name, 'thread'), '[0-9]+', '#', 'g') END AS name,
-       sum(least(h.end_ns, w.end_ns) - greatest(h.ts_ns, w.ts_ns)) AS ns, count(*) AS n
-FROM w JOIN h ON h.run_id = w.run_id AND h.ts_ns < w.end_ns AND h.end_ns > w.ts_ns
-LEFT JOIN threads t ON t.run_id = h.run_id AND t.pid = h.pid AND t.tid = h.tid
-LEFT JOIN steptid st ON st.run_id = h.run_id AND st.pid = h.pid AND st.tid = h.tid
+       sum(h.ns) AS ns, count(*) AS n
+FROM hits h JOIN events e ON e.event_id = h.id
+LEFT JOIN threads t ON t.run_id = e.run_id AND t.pid = e.pid AND t.tid = e.tid
+LEFT JOIN steptid st ON st.run_id = e.run_id AND st.pid = e.pid AND st.tid = e.tid
 GROUP BY ALL
 """
 
-LAUNCH_SQL = """
-WITH w AS (SELECT * FROM diff_windows WHERE grp = $grp)
-SELECT w.side, count(*) AS n, sum(least(r.end_ns, w.end_ns) - greatest(r.ts_ns, w.ts_ns)) AS ns
-FROM w JOIN runtime_calls r ON r.run_id = w.run_id AND r.ts_ns < w.end_ns AND r.end_ns > w.ts_ns
-GROUP BY ALL
+LAUNCH_SQL = f"""
+WITH hits AS ({hits_sql("SELECT run_id, event_id AS id, ts_ns, end_ns FROM runtime_calls", on_device=False)})
+SELECT side, count(*) AS n, sum(ns) AS ns FROM hits GROUP BY ALL
+"""
+
+# GPU time in the steps of the kernels whose name contains $name (the `kernel:` acceptance metric).
+KERNEL_METRIC_SQL = f"""
+WITH hits AS ({hits_sql(
+    "SELECT run_id, device, event_id AS id, ts_ns, end_ns FROM kernels WHERE contains(name, $name)", on_device=True
+)})
+SELECT side, sum(ns) FROM hits GROUP BY 1
 """
 
 
@@ -387,11 +393,13 @@ _CATEGORY = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 def decompose(con, grp: str, sides: dict[str, Side], per: str, top: int) -> dict:
     """Delta of a group's time and the ranked terms that add up to it."""
     m = _group_measure(con, grp, sides, per)
+    con.execute("CREATE OR REPLACE TEMP TABLE diff_activity_hits (id BIGINT, side VARCHAR, ns BIGINT)")
+    con.execute(f"INSERT INTO diff_activity_hits {ACTIVITY_HITS_SQL}", {"grp": grp})
     b, c = m["sides"]["baseline"], m["sides"]["candidate"]
     delta = c["time_ns"] - b["time_ns"]
     terms = []
     act = {"baseline": 0.0, "candidate": 0.0}
-    for (kind, name), vals in _per_side(_rows(con, GPU_TERMS_SQL, {"grp": grp}), m).items():
+    for (kind, name), vals in _per_side(_rows(con, GPU_TERMS_SQL), m).items():
         terms.append(_term(_CATEGORY.get(kind, kind), name, vals, delta))
         for s in SIDES:
             act[s] += vals.get(s, (0.0, 0.0))[0]
@@ -445,10 +453,12 @@ def decompose(con, grp: str, sides: dict[str, Side], per: str, top: int) -> dict
         }
 
     secondary = {}
-    views = (("kernel_families", FAMILIES_SQL), ("ops", OPS_SQL), ("threads", THREADS_SQL), ("streams", STREAMS_SQL))
-    for key, sql in views:
+    group = {"grp": grp}
+    views = (("kernel_families", FAMILIES_SQL, None), ("ops", OPS_SQL, group), ("threads", THREADS_SQL, group),
+             ("streams", STREAMS_SQL, None))  # fmt: skip
+    for key, sql, params in views:
         cat = {"kernel_families": "kernel_family"}.get(key, key[:-1])
-        items = [_term(cat, str(k[0]), v, delta) for k, v in _per_side(_rows(con, sql, {"grp": grp}), m).items()]
+        items = [_term(cat, str(k[0]), v, delta) for k, v in _per_side(_rows(con, sql, params), m).items()]
         items.sort(key=lambda t: (-abs(t["_exact"]), t["name"]))
         for t in items:
             del t["_exact"]
@@ -557,15 +567,7 @@ def metric_values(con, metric: str, doc: dict) -> tuple[float, float]:
             have = ", ".join(doc["delta"]["phases"]) or "none"
             raise TracekitError(f"--accept {metric}: no phase {name!r} on both sides (phases: {have})")
         return phase["baseline"]["time_ns"], phase["candidate"]["time_ns"]
-    rows = con.execute(
-        """
-        WITH w AS (SELECT * FROM diff_windows WHERE grp = 'step')
-        SELECT w.side, sum(least(k.end_ns, w.end_ns) - greatest(k.ts_ns, w.ts_ns)) FROM w JOIN kernels k
-          ON k.run_id = w.run_id AND k.device = w.device AND k.ts_ns < w.end_ns AND k.end_ns > w.ts_ns
-        WHERE contains(k.name, ?) GROUP BY 1
-        """,
-        [name],
-    ).fetchall()
+    rows = con.execute(KERNEL_METRIC_SQL, {"grp": "step", "name": name}).fetchall()
     got = dict(rows)
     if not got:
         raise TracekitError(f"--accept {metric}: no kernel name contains {name!r} on either side")
@@ -684,11 +686,12 @@ def _headline(d: dict) -> dict:
 
 
 def _ms(ns) -> str:
-    return "-" if ns is None else f"{ns / 1e6:.3f} ms"
+    return duration(ns)
 
 
 def _dms(ns) -> str:
-    return "-" if ns is None else f"{ns / 1e6:+.3f} ms"
+    """A delta by magnitude, with its sign: +1.20 ms, -850 us."""
+    return duration(ns) if ns is None or ns < 0 else "+" + duration(ns)
 
 
 def _p(x) -> str:
@@ -802,7 +805,9 @@ def to_markdown(doc: dict) -> str:
             f"| {_dms(d['delta_ns'])} | {_p(d['delta_pct'])} |"
         )
     n = doc["noise"]
-    L += ["", f"Noise: within noise = **{n['within_noise']}** ({n['reason']}); CI95 {n['ci95_delta_ns']}", ""]
+    ci = n["ci95_delta_ns"]
+    ci_text = f"[{_dms(ci[0])}, {_dms(ci[1])}]" if ci else "n/a"
+    L += ["", f"Noise: within noise = **{n['within_noise']}** ({n['reason']}); CI95 {ci_text}", ""]
     L += ["## Contributors (per step)", "", "| # | delta | share | what |", "|---|---|---|---|"]
     for t in doc["contributors"]:
         L.append(f"| {t['rank']} | {_dms(t['delta_ns'])} | {_share_s(t['share'])} | {_what(t).replace('|', '/')} |")

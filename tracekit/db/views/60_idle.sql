@@ -82,6 +82,58 @@ FROM ended e ASOF LEFT JOIN step_windows s ON e.run_id = s.run_id AND e.start_ns
 -- them): the driver stages them through a pinned buffer and returns at once.
 CREATE OR REPLACE MACRO host_blocking_small_htod_bytes() AS 65536;
 
+-- The rows of `host_blocking` with another size up to which synchronous host-to-device copies are
+-- exempt (H001's `small_htod_bytes` option): which calls block decides which call a gap is charged
+-- to, so the threshold is an argument here, not a filter on the view. Same columns as `host_blocking`.
+--
+-- Cost: one scan of the runtime calls, an equality join with the copies they issued, and one ASOF
+-- lookup of each blocking call's return among the gaps of `gpu_busy` on the main device.
+CREATE OR REPLACE MACRO host_blocking_exempting(small_htod_bytes) AS TABLE
+WITH _copies AS (
+    SELECT l.run_id, l.runtime_event_id, first(l.gpu_name ORDER BY l.gpu_event_id) AS copy_name,
+           first(g.bytes ORDER BY l.gpu_event_id) AS bytes
+    FROM launches l
+    JOIN (SELECT event_id, bytes FROM gpu_activities WHERE kind IN ('gpu_memcpy', 'gpu_memset')) g
+      ON g.event_id = l.gpu_event_id
+    WHERE l.gpu_kind IN ('gpu_memcpy', 'gpu_memset')
+    GROUP BY l.run_id, l.runtime_event_id
+), _classified AS (
+    SELECT r.run_id, r.event_id, r.name AS call, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
+           c.copy_name, c.bytes,
+           CASE
+             WHEN r.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventSynchronize',
+                             'cuCtxSynchronize', 'cuStreamSynchronize', 'cuEventSynchronize',
+                             'hipDeviceSynchronize', 'hipStreamSynchronize', 'hipEventSynchronize',
+                             'aclrtSynchronizeDevice', 'aclrtSynchronizeStream', 'aclrtSynchronizeStreamWithTimeout',
+                             'aclrtSynchronizeEvent') THEN 'sync'
+             WHEN regexp_matches(r.name, '^(cuda|hip|aclrt)Memcpy') AND NOT contains(r.name, 'Async')
+                  AND NOT (contains(coalesce(c.copy_name, ''), 'HtoD') AND coalesce(c.bytes, 0) <= small_htod_bytes)
+                  AND NOT contains(coalesce(c.copy_name, ''), 'DtoD') THEN 'sync memcpy'
+             WHEN regexp_matches(r.name, '^(cuda|hip|aclrt)Memset') AND NOT contains(r.name, 'Async') THEN 'sync memset'
+             WHEN contains(r.name, 'Async') AND contains(coalesce(c.copy_name, ''), 'Pageable') THEN 'pageable async memcpy'
+           END AS blocking
+    FROM runtime_calls r LEFT JOIN _copies c ON c.run_id = r.run_id AND c.runtime_event_id = r.event_id
+), _main_gaps AS (
+    SELECT b.run_id, b.device, b.end_ns AS gap_start, b.end_ns + b.next_gap_ns AS gap_end
+    FROM gpu_busy b JOIN main_device m ON m.run_id = b.run_id AND m.device = b.device
+    WHERE b.next_gap_ns > 0
+), _placed AS (
+    SELECT c.*, g.device,
+           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_start END AS gap_start_ns,
+           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_end END AS gap_end_ns
+    FROM (SELECT * FROM _classified WHERE blocking IS NOT NULL) c
+    ASOF LEFT JOIN _main_gaps g ON c.run_id = g.run_id AND c.end_ns > g.gap_start
+), _ranked AS (
+    -- the waiting calls of a gap in the order they returned: the first one is charged
+    SELECT *, ts_ns <= gap_start_ns AS waited,
+           row_number() OVER (PARTITION BY run_id, gap_start_ns, ts_ns <= gap_start_ns ORDER BY end_ns, event_id) AS gap_rank
+    FROM _placed
+)
+SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
+       coalesce(p.name, '(top level)') AS site, r.copy_name, r.bytes, r.device, r.gap_start_ns, r.gap_end_ns,
+       CASE WHEN r.waited AND r.gap_rank = 1 THEN r.gap_end_ns - r.end_ns ELSE 0 END AS charged_idle_ns
+FROM _ranked r LEFT JOIN events p ON p.event_id = r.parent_id;
+
 -- One row per blocking host call: a call that holds the launching thread until the GPU catches up:
 -- `cudaDeviceSynchronize`, `cudaStreamSynchronize`, `cudaEventSynchronize` and their `cu*`, `hip*` and
 -- `aclrt*` forms (`sync`); a synchronous `cudaMemcpy`/`hipMemcpy`/`aclrtMemcpy` (`sync memcpy`; not
@@ -89,13 +141,14 @@ CREATE OR REPLACE MACRO host_blocking_small_htod_bytes() AS 65536;
 -- synchronous memset (`sync memset`); an async copy whose device side touched pageable host memory,
 -- which the driver turns synchronous (`pageable async memcpy`).
 --
--- The GPU idle it is charged: every idle gap of the run's main device is charged ONCE, to one call,
--- so sums over calls never count a gap twice. The candidates are the blocking calls that return
--- inside the gap. The gap goes to the call that was waiting when the GPU drained (started at or
--- before the gap start), the earliest to return among them; when none was waiting, to the call that
--- overlaps the gap longest. The charge is the idle from that call's return to the gap's end (the GPU
--- has nothing to do until the host enqueues again); every other call is charged 0, as is a call that
--- returns while the device is busy, before its first or after its last block.
+-- The GPU idle it is charged: every idle gap of the run's main device is charged ONCE, to the call
+-- that waited for it, so sums over calls never count a gap twice. A call waited for a gap when it
+-- started at or before the gap's start (the device drained while the call held its thread) and
+-- returned inside the gap; of the calls that waited for one gap, the first to return is charged the
+-- idle from its return to the gap's end (the GPU has nothing to do until the host enqueues again).
+-- Every other call is charged 0: one that started with the device already idle returned at once and
+-- blocked nothing (the host was doing something else while the GPU idled), as is one that returns
+-- while the device is busy, before its first or after its last block.
 CREATE OR REPLACE VIEW host_blocking(
     -- the run
     run_id,
@@ -130,52 +183,8 @@ CREATE OR REPLACE VIEW host_blocking(
     gap_start_ns,
     -- end of that gap
     gap_end_ns,
-    -- GPU idle charged to this call (see above): gap_end_ns - end_ns for the one call a gap is
-    -- charged to, else 0
+    -- GPU idle charged to this call (see above): gap_end_ns - end_ns for the call a gap is charged
+    -- to, else 0
     charged_idle_ns
 ) AS
-WITH copies AS (
-    SELECT l.run_id, l.runtime_event_id, first(l.gpu_name ORDER BY l.gpu_event_id) AS copy_name,
-           first(g.bytes ORDER BY l.gpu_event_id) AS bytes
-    FROM launches l JOIN gpu_activities g ON g.event_id = l.gpu_event_id
-    WHERE l.gpu_kind IN ('gpu_memcpy', 'gpu_memset')
-    GROUP BY l.run_id, l.runtime_event_id
-), classified AS (
-    SELECT r.run_id, r.event_id, r.name AS call, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
-           c.copy_name, c.bytes,
-           CASE
-             WHEN r.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventSynchronize',
-                             'cuCtxSynchronize', 'cuStreamSynchronize', 'cuEventSynchronize',
-                             'hipDeviceSynchronize', 'hipStreamSynchronize', 'hipEventSynchronize',
-                             'aclrtSynchronizeDevice', 'aclrtSynchronizeStream', 'aclrtSynchronizeStreamWithTimeout',
-                             'aclrtSynchronizeEvent') THEN 'sync'
-             WHEN regexp_matches(r.name, '^(cuda|hip|aclrt)Memcpy') AND NOT contains(r.name, 'Async')
-                  AND NOT (contains(coalesce(c.copy_name, ''), 'HtoD')
-                           AND coalesce(c.bytes, 0) <= host_blocking_small_htod_bytes())
-                  AND NOT contains(coalesce(c.copy_name, ''), 'DtoD') THEN 'sync memcpy'
-             WHEN regexp_matches(r.name, '^(cuda|hip|aclrt)Memset') AND NOT contains(r.name, 'Async') THEN 'sync memset'
-             WHEN contains(r.name, 'Async') AND contains(coalesce(c.copy_name, ''), 'Pageable') THEN 'pageable async memcpy'
-           END AS blocking
-    FROM runtime_calls r LEFT JOIN copies c ON c.run_id = r.run_id AND c.runtime_event_id = r.event_id
-), main_gaps AS (
-    SELECT b.run_id, b.device, b.end_ns AS gap_start, b.end_ns + b.next_gap_ns AS gap_end
-    FROM gpu_busy b JOIN main_device m ON m.run_id = b.run_id AND m.device = b.device
-    WHERE b.next_gap_ns > 0
-), placed AS (
-    SELECT c.*, g.device,
-           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_start END AS gap_start_ns,
-           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_end END AS gap_end_ns
-    FROM (SELECT * FROM classified WHERE blocking IS NOT NULL) c
-    ASOF LEFT JOIN main_gaps g ON c.run_id = g.run_id AND c.end_ns > g.gap_start
-), ranked AS (
-    SELECT *,
-           row_number() OVER (PARTITION BY run_id, gap_start_ns
-                              ORDER BY ts_ns <= gap_start_ns DESC,
-                                       CASE WHEN ts_ns <= gap_start_ns THEN end_ns END,
-                                       end_ns - greatest(ts_ns, gap_start_ns) DESC, event_id) AS gap_rank
-    FROM placed
-)
-SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
-       coalesce(p.name, '(top level)'), r.copy_name, r.bytes, r.device, r.gap_start_ns, r.gap_end_ns,
-       CASE WHEN r.gap_start_ns IS NOT NULL AND r.gap_rank = 1 THEN r.gap_end_ns - r.end_ns ELSE 0 END
-FROM ranked r LEFT JOIN events p ON p.event_id = r.parent_id;
+SELECT * FROM host_blocking_exempting(host_blocking_small_htod_bytes());

@@ -13,12 +13,18 @@ CREATE OR REPLACE MACRO dtype_bytes(dtype) AS
               WHEN 'complexfloat' THEN 8 WHEN 'complexdouble' THEN 16 END END;
 
 -- One row per collective per rank: every communication kernel (`kernels.is_communication`) with
--- the `record_param_comms` op that issued it (same `External id`), and every `record_param_comms`
--- op that launched no communication kernel (a `wait`, a CPU-side collective). The collective's
--- parameters come from the kernel's args (newer Kineto copies them there), else the op's; a kernel
--- without either names its collective through its NCCL name (`ncclDevKernel_AllReduce_...` ->
--- `allreduce`). `seq` numbers the collectives of a process group in time order, so the n-th of a
--- group on one rank is the n-th on every other rank.
+-- the `record_param_comms` op that issued it, and every `record_param_comms` op that launched no
+-- communication kernel (a `wait`, a CPU-side collective). A kernel's op is the one with its
+-- `External id`; older Kineto gives kernels the correlation id as External id, so then it is the
+-- innermost op enclosing the kernel's launch call on the launching thread. The collective's
+-- parameters come from the kernel's args (newer Kineto copies them there), else the op's; its name
+-- from those args, else the `nccl:<collective>` annotation around the launch call (the
+-- collective PyTorch asked for: an all-to-all runs as NCCL SendRecv kernels), else the kernel's
+-- NCCL name (`ncclDevKernel_AllReduce_...` -> `allreduce`). `seq` numbers the collectives of a
+-- process group in time order, so the n-th of a group on one rank is the n-th on every other rank.
+--
+-- Cost: one scan of the kernels and cpu_ops, `first_launches` of the communication kernels, and an
+-- ASOF lookup of each launch call among the `record_param_comms` ops of its thread.
 CREATE OR REPLACE VIEW collectives(
     -- the run
     run_id,
@@ -26,7 +32,8 @@ CREATE OR REPLACE VIEW collectives(
     rank,
     -- the run's world size (`runs.world_size`)
     world_size,
-    -- `Collective name` (`allreduce`, `allgather`, `reduce_scatter`, `broadcast`, `wait`, ...)
+    -- `Collective name` (`allreduce`, `allgather`, `reduce_scatter`, `broadcast`, `wait`, ...), else the
+    -- `nccl:` annotation's (`all_reduce`, `all_to_all`, `_all_gather_base`), else from the kernel name
     collective,
     -- `Process Group Name` (`0` for the default group); '' when the trace does not say
     process_group,
@@ -58,6 +65,10 @@ CREATE OR REPLACE VIEW collectives(
     gpu_end_ns,
     -- its duration on the GPU
     gpu_dur_ns,
+    -- the runtime call that launched the kernel (`first_launches`); NULL without a launch record
+    launch_event_id,
+    -- the `nccl:<collective>` user annotation directly enclosing that call, as written; NULL if none
+    annotation,
     -- the `record_param_comms` op; NULL for a kernel without one
     op_event_id,
     -- the op's start on the host
@@ -77,31 +88,61 @@ WITH ops AS (
 ), comm AS (
     SELECT run_id, event_id, external_id, name, device, stream, ts_ns, end_ns, dur_ns, args
     FROM kernels WHERE is_communication AND dur_ns IS NOT NULL
+), launched AS (
+    SELECT c.*, l.runtime_event_id, l.pid AS launch_pid, l.tid AS launch_tid, l.launch_ts_ns, l.launch_end_ns,
+           CASE WHEN a.kind = 'user_annotation' AND starts_with(a.name, 'nccl:') THEN a.name END AS annotation
+    FROM comm c
+    LEFT JOIN first_launches l ON l.run_id = c.run_id AND l.gpu_event_id = c.event_id
+    LEFT JOIN runtime_calls r ON r.event_id = l.runtime_event_id
+    LEFT JOIN events a ON a.event_id = r.parent_id
+), by_external AS (
+    SELECT k.event_id AS kernel_event_id, min(o.event_id) AS op_event_id
+    FROM comm k JOIN ops o ON o.run_id = k.run_id AND o.external_id = k.external_id
+    GROUP BY k.event_id
+), by_tree AS (
+    SELECT k.event_id AS kernel_event_id, CASE WHEN k.launch_end_ns <= o.end_ns THEN o.event_id END AS op_event_id
+    FROM (SELECT * FROM launched WHERE runtime_event_id IS NOT NULL) k
+    ASOF JOIN ops o ON o.run_id = k.run_id AND o.pid = k.launch_pid AND o.tid = k.launch_tid AND k.launch_ts_ns >= o.ts_ns
 ), paired AS (
     SELECT k.run_id, k.event_id AS kernel_event_id, k.name AS kernel_name, k.device, k.stream, k.ts_ns AS gpu_ts_ns,
-           k.end_ns AS gpu_end_ns, k.dur_ns AS gpu_dur_ns, o.event_id AS op_event_id, o.ts_ns AS op_ts_ns,
-           o.end_ns AS op_end_ns, o.pid, o.tid, k.args AS kernel_args, o.args AS op_args
-    FROM comm k LEFT JOIN ops o ON o.run_id = k.run_id AND o.external_id = k.external_id
-    UNION ALL
-    SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, o.event_id, o.ts_ns, o.end_ns, o.pid, o.tid, NULL, o.args
-    FROM ops o
-    WHERE NOT EXISTS (SELECT 1 FROM comm k WHERE k.run_id = o.run_id AND k.external_id = o.external_id)
-), described AS (
+           k.end_ns AS gpu_end_ns, k.dur_ns AS gpu_dur_ns, k.runtime_event_id AS launch_event_id, k.annotation,
+           o.event_id AS op_event_id, o.ts_ns AS op_ts_ns, o.end_ns AS op_end_ns, o.pid, o.tid,
+           k.args AS kernel_args, o.args AS op_args
+    FROM launched k
+    LEFT JOIN by_external x ON x.kernel_event_id = k.event_id
+    LEFT JOIN by_tree t ON t.kernel_event_id = k.event_id
+    LEFT JOIN ops o ON o.event_id = coalesce(x.op_event_id, t.op_event_id)
+), lone_ops AS (
+    SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, o.event_id, o.ts_ns, o.end_ns, o.pid, o.tid,
+           NULL, o.args
+    FROM ops o WHERE o.event_id NOT IN (SELECT op_event_id FROM paired WHERE op_event_id IS NOT NULL)
+), parameters AS (
+    -- each args object parsed once: the parameter keys, in the order of described's columns
     SELECT p.*,
-           coalesce(kernel_args->>'Collective name', op_args->>'Collective name',
+           json_extract_string(kernel_args, ['$."Collective name"', '$."Process Group Name"',
+               '$."Process Group Description"', '$."Process Group Ranks"', '$."Group size"', '$.dtype',
+               '$."In msg nelems"', '$."Out msg nelems"']) AS k,
+           json_extract_string(op_args, ['$."Collective name"', '$."Process Group Name"',
+               '$."Process Group Description"', '$."Process Group Ranks"', '$."Group size"', '$.dtype',
+               '$."In msg nelems"', '$."Out msg nelems"']) AS o
+    FROM (SELECT * FROM paired UNION ALL SELECT * FROM lone_ops) p
+), described AS (
+    SELECT * EXCLUDE (k, o, kernel_args, op_args),
+           coalesce(k[1], o[1], substr(annotation, 6),
                     nullif(lower(regexp_extract(kernel_name, '^nccl(?:Dev)?Kernel_([A-Za-z]+)', 1)), '')) AS collective,
-           coalesce(kernel_args->>'Process Group Name', op_args->>'Process Group Name', '') AS process_group,
-           coalesce(kernel_args->>'Process Group Description', op_args->>'Process Group Description') AS process_group_desc,
-           coalesce(kernel_args->>'Process Group Ranks', op_args->>'Process Group Ranks') AS group_ranks,
-           TRY_CAST(coalesce(kernel_args->>'Group size', op_args->>'Group size') AS INTEGER) AS group_size,
-           coalesce(kernel_args->>'dtype', op_args->>'dtype') AS dtype,
-           TRY_CAST(coalesce(kernel_args->>'In msg nelems', op_args->>'In msg nelems') AS BIGINT) AS in_nelems,
-           TRY_CAST(coalesce(kernel_args->>'Out msg nelems', op_args->>'Out msg nelems') AS BIGINT) AS out_nelems
-    FROM paired p
+           coalesce(k[2], o[2], '') AS process_group,
+           coalesce(k[3], o[3]) AS process_group_desc,
+           coalesce(k[4], o[4]) AS group_ranks,
+           TRY_CAST(coalesce(k[5], o[5]) AS INTEGER) AS group_size,
+           coalesce(k[6], o[6]) AS dtype,
+           TRY_CAST(coalesce(k[7], o[7]) AS BIGINT) AS in_nelems,
+           TRY_CAST(coalesce(k[8], o[8]) AS BIGINT) AS out_nelems
+    FROM parameters
 )
 SELECT d.run_id, r.rank, r.world_size, d.collective, d.process_group, d.process_group_desc, d.group_ranks, d.group_size,
        d.dtype, d.in_nelems, d.out_nelems, d.in_nelems * dtype_bytes(d.dtype), d.kernel_event_id, d.kernel_name, d.device,
-       d.stream, d.gpu_ts_ns, d.gpu_end_ns, d.gpu_dur_ns, d.op_event_id, d.op_ts_ns, d.op_end_ns, d.pid, d.tid,
+       d.stream, d.gpu_ts_ns, d.gpu_end_ns, d.gpu_dur_ns, d.launch_event_id, d.annotation, d.op_event_id, d.op_ts_ns,
+       d.op_end_ns, d.pid, d.tid,
        row_number() OVER (PARTITION BY d.run_id, d.process_group
                           ORDER BY coalesce(d.gpu_ts_ns, d.op_ts_ns), d.kernel_event_id, d.op_event_id)
 FROM described d JOIN runs r USING (run_id);
