@@ -1,12 +1,11 @@
-"""Idle gaps between consecutive GPU activities of a stream, each with its cause (what G001 measures).
+"""Idle gaps between the activities of each GPU stream, each with its cause (what G001 gpu-idle measures).
 
-One row per gap of run $run_id: the gap before activity event_id, from prev_end to ts_ns, the busy
-time of the device's other streams during it, and the runtime call that launched the activity.
-Device busy time is the union of all activities on the device; B(t), the busy time up to t, is
-cum_end - max(e - t, 0) for the last merged interval [s, e) starting at or before t (cum_end: busy
-time through e), found by a sweep (a window over intervals and probes; ASOF joins fall back to
-nested loops when the left side looks small). other_busy_ns = B(ts_ns) - B(prev_end): the stream
-itself is idle in the gap, so any device busy time there is other streams' work.
+The device-level gaps are the `idle_gaps` view; G001 asks the same question per stream, so a gap
+here is the time between two consecutive blocks of one stream's activities (`interval_union` with
+the stream as lane), ended by the activity that starts the next block (the lowest event id when
+several start together) and the call that launched it (`first_launches`). other_busy_ns is the
+device's busy time inside the gap (`gpu_busy_between`): the stream itself is idle there, so any
+busy time is other streams' work, and gap_ns - other_busy_ns is idle time of the whole device.
 """
 
 from __future__ import annotations
@@ -15,55 +14,36 @@ from tracekit.engine.toolkit import rows
 
 CAUSES = ("host", "other_gpu", "kernel_wait", "other")
 
+# One row per gap of a stream of run $run_id; the cause is idle_gaps' (host: the launch returned after
+# the gap began; kernel_wait: shorter than $kernel_wait_ns) with other_gpu, other streams busy for at
+# least half of the gap, tested before kernel_wait.
 GAPS_SQL = """
-WITH win AS (
-    SELECT start_ns, end_ns FROM runs WHERE run_id = $run_id
-), act AS (
-    SELECT g.event_id, g.kind, g.name, g.device, g.stream, g.ts_ns, g.end_ns
-    FROM gpu_activities g, win
-    WHERE g.run_id = $run_id AND g.ts_ns >= win.start_ns AND g.end_ns <= win.end_ns
-), busy AS (
-    SELECT device, start_ns AS s, end_ns AS e, busy_through_ns AS cum_end FROM gpu_busy WHERE run_id = $run_id
-), seq AS (
-    SELECT a.*,
-           max(a.end_ns) OVER (PARTITION BY a.device, a.stream ORDER BY a.ts_ns, a.event_id
-                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end,
-           min(a.ts_ns) OVER (PARTITION BY a.device, a.stream) AS stream_first_ns,
-           max(a.end_ns) OVER (PARTITION BY a.device, a.stream) AS stream_last_ns,
-           count(*) OVER (PARTITION BY a.device, a.stream) AS stream_activities
-    FROM act a
-), launch AS (
-    SELECT gpu_event_id, runtime_event_id, runtime_name, launch_ts_ns, launch_ts_ns + launch_dur_ns AS launch_end_ns,
-           tid AS launch_tid
-    FROM launches WHERE run_id = $run_id
-    QUALIFY row_number() OVER (PARTITION BY gpu_event_id ORDER BY launch_ts_ns, runtime_event_id) = 1
+WITH on_stream AS (
+    SELECT run_id, {'device': device, 'stream': stream} AS lane, ts_ns, end_ns FROM gpu_activities WHERE run_id = $run_id
+), stream_blocks AS (
+    SELECT run_id, lane.device, lane.stream, end_ns AS start_ns, end_ns + next_gap_ns AS end_ns, next_gap_ns AS gap_ns,
+           min(start_ns) OVER stream AS stream_first_ns, max(end_ns) OVER stream AS stream_last_ns,
+           sum(intervals) OVER stream AS stream_activities
+    FROM interval_union('on_stream')
+    WINDOW stream AS (PARTITION BY lane)
 ), gaps AS (
-    SELECT s.event_id, s.kind, s.name, s.device, s.stream, s.prev_end, s.ts_ns, s.ts_ns - s.prev_end AS gap_ns,
-           s.stream_first_ns, s.stream_last_ns, s.stream_activities,
-           l.runtime_event_id, l.runtime_name, l.launch_ts_ns, l.launch_end_ns, l.launch_tid
-    FROM seq s LEFT JOIN launch l ON l.gpu_event_id = s.event_id
-    WHERE s.ts_ns > s.prev_end
-), probes AS (
-    -- B(t) at both ends of every gap by a sweep: carry the last merged interval starting at or before t.
-    SELECT device, s AS t, 0 AS ord, e, cum_end, NULL::BIGINT AS event_id, NULL::INTEGER AS sign FROM busy
-    UNION ALL SELECT device, prev_end, 1, NULL, NULL, event_id, -1 FROM gaps
-    UNION ALL SELECT device, ts_ns, 1, NULL, NULL, event_id, 1 FROM gaps
-), carried AS (
-    SELECT event_id, sign, t, last_value(e IGNORE NULLS) OVER w AS e, last_value(cum_end IGNORE NULLS) OVER w AS cum_end
-    FROM probes
-    WINDOW w AS (PARTITION BY device ORDER BY t, ord ROWS UNBOUNDED PRECEDING)
-), other_busy AS (
-    SELECT event_id, sum(sign * coalesce(cum_end - greatest(e - t, 0), 0)) AS other_busy_ns
-    FROM carried WHERE sign IS NOT NULL GROUP BY event_id
-), at_end AS (
-    SELECT g.*, o.other_busy_ns FROM gaps g JOIN other_busy o USING (event_id)
+    SELECT * FROM stream_blocks WHERE gap_ns > 0
+), with_busy AS (
+    SELECT * FROM gpu_busy_between('gaps', 'all')
+), ended AS (
+    SELECT g.* EXCLUDE (busy_ns), g.busy_ns AS other_busy_ns, a.event_id AS next_event_id, a.kind AS next_kind,
+           a.name AS next_name, l.runtime_event_id, l.runtime_name, l.launch_ts_ns, l.launch_end_ns, l.tid AS launch_tid
+    FROM with_busy g
+    JOIN gpu_activities a ON a.run_id = g.run_id AND a.device = g.device AND a.stream = g.stream AND a.ts_ns = g.end_ns
+    LEFT JOIN first_launches l ON l.run_id = a.run_id AND l.gpu_event_id = a.event_id
+    QUALIFY row_number() OVER (PARTITION BY g.device, g.stream, g.start_ns ORDER BY a.event_id) = 1
 )
 SELECT *,
-       CASE WHEN launch_end_ns > prev_end THEN 'host'
+       CASE WHEN launch_end_ns > start_ns THEN 'host'
             WHEN 2 * other_busy_ns >= gap_ns THEN 'other_gpu'
             WHEN gap_ns < $kernel_wait_ns THEN 'kernel_wait'
             ELSE 'other' END AS cause
-FROM at_end
+FROM ended
 """
 
 # Per-stream summary over the gaps; a stream with a single activity has no gaps and no row.
@@ -87,8 +67,8 @@ SUMMARY_COLUMNS = """
 # One stream's summary, self-contained: G001's evidence query (idle_ns, the first column, is observed).
 STREAM_SQL = "SELECT" + SUMMARY_COLUMNS + "FROM (" + GAPS_SQL + ") g\nWHERE device = $device AND stream = $stream"
 
-# The per-finding detail queries read the run's gaps from a temp table built once per run: the gap
-# sweep is the expensive part, and the evidence query stays self-contained.
+# The per-finding detail queries read the run's gaps from a temp table built once per run, and the
+# evidence query stays self-contained.
 GAPS_TABLE = "_g001_gaps"
 
 STREAMS_SQL = (
@@ -96,8 +76,9 @@ STREAMS_SQL = (
 )
 
 TOP_GAPS_SQL = (
-    "SELECT event_id, kind, name, prev_end, ts_ns, gap_ns, cause, runtime_event_id, runtime_name, other_busy_ns\n"
-    f"FROM {GAPS_TABLE} g\nWHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, event_id LIMIT $top"
+    "SELECT next_event_id, next_kind, next_name, start_ns, end_ns, gap_ns, cause, runtime_event_id, runtime_name,\n"
+    f"       other_busy_ns\nFROM {GAPS_TABLE} g\n"
+    "WHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, next_event_id LIMIT $top"
 )
 
 # Host gaps grouped by what launched the activity after them: the launching thread and the
@@ -127,10 +108,10 @@ def largest_gaps(con, ctx, where: dict, top: int) -> list[dict]:
     largest = []
     for g in rows(con, TOP_GAPS_SQL, {**where, "top": top}):
         item = {
-            "window_ns": [int(g.prev_end), int(g.ts_ns)],
+            "window_ns": [int(g.start_ns), int(g.end_ns)],
             "gap_ns": int(g.gap_ns),
             "cause": g.cause,
-            "next_activity": {"event_id": int(g.event_id), "kind": g.kind, "name": g.name},
+            "next_activity": {"event_id": int(g.next_event_id), "kind": g.next_kind, "name": g.next_name},
             "other_streams_busy_ns": int(g.other_busy_ns),
         }
         if g.runtime_event_id is not None:

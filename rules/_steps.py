@@ -1,10 +1,10 @@
 """Steps and their GPU busy time and launch statistics: what G002 launch-bound and G003
 graphed-step-idle measure, and the finding shape they share.
 
-Steps are `ProfilerStep#N` annotations (or ops, in old traces) when present, else the run's
-top-level user annotations, else the whole run window (when no annotated step launches anything).
-Steps of one name on one thread form a group. Busy time is the union of activities on the device,
-read as B(end) - B(start) where B(t) is the busy time up to t (a sweep over the merged intervals).
+Steps are the `step_windows` view's (one annotation on one thread, never overlapping, else the whole
+run), measured on every device with GPU work: busy time by `gpu_busy_between`, idle in short gaps as
+busy time of the union of the device's short `gpu_busy` gaps, launches from `first_launches`. A
+run's steps on one device form a group.
 """
 
 from __future__ import annotations
@@ -35,86 +35,44 @@ PARAMS = {
     **share_params("the steps' GPU idle time over the run window", critical=0.3, warning=0.1),
 }
 
-# One row per (step instance, device) of run $run_id, with the step's GPU busy time and launch stats.
+# One row per (step, device) of run $run_id: the step windows of `step_windows` on every device with
+# GPU work, with the device's busy time and short idle inside the step and the step's launch stats.
 STEPS_SQL = """
-WITH launch AS (
-    SELECT runtime_event_id, runtime_name, launch_ts_ns, launch_dur_ns, launch_delay_ns, gpu_event_id, gpu_kind,
-           device, stream, gpu_dur_ns, runtime_name ILIKE '%GraphLaunch%' AS via_graph
-    FROM launches WHERE run_id = $run_id
-    QUALIFY row_number() OVER (PARTITION BY gpu_event_id ORDER BY launch_ts_ns, runtime_event_id) = 1
-), ua AS (
-    SELECT event_id, pid, tid, name, ts_ns, end_ns,
-           max(end_ns) OVER (PARTITION BY pid, tid ORDER BY ts_ns, end_ns DESC, event_id
-                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS outer_end,
-           bool_or(name LIKE 'ProfilerStep#%') OVER () AS profiler_steps
-    FROM events
-    WHERE run_id = $run_id AND dur_ns > 0
-      AND (kind = 'user_annotation' OR (kind = 'cpu_op' AND name LIKE 'ProfilerStep#%'))
-), candidates AS (
-    SELECT pid, tid, regexp_replace(name, '#[0-9]+$', '') AS step, ts_ns, end_ns, false AS whole
-    FROM ua
-    WHERE CASE WHEN profiler_steps THEN name LIKE 'ProfilerStep#%' ELSE outer_end IS NULL OR outer_end < end_ns END
-    UNION ALL
-    SELECT NULL, NULL, '(whole run)', start_ns, end_ns, true FROM runs WHERE run_id = $run_id
-), cand_launch AS (
-    SELECT c.pid, c.tid, c.step, c.ts_ns AS step_ts, c.whole, l.*
-    FROM candidates c JOIN launch l ON l.launch_ts_ns >= c.ts_ns AND l.launch_ts_ns < c.end_ns
-), pick AS (
-    SELECT NOT EXISTS (SELECT 1 FROM cand_launch WHERE NOT whole) AS use_whole
-), steps AS (
-    SELECT c.* FROM candidates c, pick WHERE c.whole = pick.use_whole
-), act AS (
-    SELECT device, stream, event_id, kind, ts_ns, end_ns, dur_ns FROM gpu_activities WHERE run_id = $run_id
-), gapped AS (
-    SELECT device, start_ns AS s, end_ns AS e, busy_through_ns AS cum_end, next_gap_ns AS next_gap
-    FROM gpu_busy WHERE run_id = $run_id
+WITH windows AS MATERIALIZED (
+    SELECT s.run_id, s.step_index, coalesce(s.name, '{whole_run}') AS step, s.start_ns, s.end_ns, d.device,
+           -- a whole-run step is no thread's: its launches come from every thread
+           CASE WHEN s.name IS NOT NULL THEN s.pid END AS pid, CASE WHEN s.name IS NOT NULL THEN s.tid END AS tid
+    FROM step_windows s JOIN (SELECT DISTINCT run_id, device FROM gpu_busy WHERE run_id = $run_id) d USING (run_id)
+    WHERE s.run_id = $run_id AND s.end_ns > s.start_ns
 ), busy AS (
-    SELECT *, coalesce(sum(CASE WHEN next_gap <= $short_gap_ns THEN next_gap ELSE 0 END)
-                           OVER (PARTITION BY device ORDER BY s ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)
-                  AS short_at_s
-    FROM gapped
-), step_dev AS (
-    SELECT s.*, d.device, row_number() OVER (ORDER BY s.ts_ns, s.tid, s.step, d.device) AS sid
-    FROM steps s, (SELECT DISTINCT device FROM act) d
-), probes AS (
-    -- B(t) (busy time up to t) and S(t) (idle up to t in short gaps) at both ends of every step, by a
-    -- sweep that carries the last merged interval starting at or before t (ASOF joins fall back to
-    -- nested loops when the left side is small, as steps are).
-    SELECT device, s AS t, 0 AS ord, e, cum_end, coalesce(next_gap, -1) AS next_gap, short_at_s,
-           NULL::BIGINT AS sid, NULL::INTEGER AS sign
-    FROM busy  -- next_gap -1: the last interval, no gap after it (a NULL would carry an older interval's)
-    UNION ALL SELECT device, ts_ns, 1, NULL, NULL, NULL, NULL, sid, -1 FROM step_dev
-    UNION ALL SELECT device, end_ns, 1, NULL, NULL, NULL, NULL, sid, 1 FROM step_dev
-), carried AS (
-    SELECT sid, sign, t, last_value(e IGNORE NULLS) OVER w AS e, last_value(cum_end IGNORE NULLS) OVER w AS cum_end,
-           last_value(next_gap IGNORE NULLS) OVER w AS next_gap,
-           last_value(short_at_s IGNORE NULLS) OVER w AS short_at_s
-    FROM probes
-    WINDOW w AS (PARTITION BY device ORDER BY t, ord ROWS UNBOUNDED PRECEDING)
-), measured AS (
-    SELECT sid,
-           sum(sign * coalesce(cum_end - greatest(e - t, 0), 0)) AS busy_ns,
-           sum(sign * coalesce(short_at_s + CASE WHEN t > e AND next_gap BETWEEN 0 AND $short_gap_ns
-                                                 THEN t - e ELSE 0 END, 0)) AS short_idle_ns
-    FROM carried WHERE sign IS NOT NULL GROUP BY sid
-), at_end AS (
-    SELECT x.*, m.busy_ns, m.short_idle_ns FROM step_dev x JOIN measured m USING (sid)
-), kseq AS (
+    SELECT step_index, device, busy_ns FROM gpu_busy_between('windows', 'all')
+), short_gaps AS (
+    SELECT run_id, device AS lane, end_ns AS ts_ns, end_ns + next_gap_ns AS end_ns
+    FROM gpu_busy WHERE run_id = $run_id AND next_gap_ns <= $short_gap_ns
+), short_blocks AS (
+    SELECT * FROM interval_union('short_gaps')
+), short_windows AS (
+    SELECT run_id, step_index, device AS lane, start_ns, end_ns FROM windows
+), short_idle AS (
+    -- idle inside the step in gaps up to $short_gap_ns: the "busy" time of the union of those gaps
+    SELECT step_index, lane AS device, busy_ns AS short_idle_ns FROM busy_between('short_windows', 'short_blocks')
+), kernel_islands AS (
+    -- a run of tiny kernels on a stream: the tiny kernels after one that is not tiny
     SELECT event_id, device, stream, dur_ns < $tiny_kernel_ns AS tiny,
            sum(CASE WHEN dur_ns < $tiny_kernel_ns THEN 0 ELSE 1 END)
                OVER (PARTITION BY device, stream ORDER BY ts_ns, event_id ROWS UNBOUNDED PRECEDING) AS island
-    FROM act WHERE kind = 'kernel'
+    FROM gpu_activities WHERE run_id = $run_id AND kind = 'kernel'
 ), tiny_runs AS (
-    SELECT event_id FROM (
-        SELECT event_id, tiny,
-               sum(CASE WHEN tiny THEN 1 ELSE 0 END) OVER (PARTITION BY device, stream, island) AS run_len
-        FROM kseq) WHERE tiny AND run_len >= $min_run
+    SELECT event_id FROM kernel_islands WHERE tiny
+    QUALIFY count(*) OVER (PARTITION BY device, stream, island) >= $min_run
 ), step_launch AS (
-    SELECT cl.*, t.event_id IS NOT NULL AS in_tiny_run
-    FROM cand_launch cl JOIN pick ON cl.whole = pick.use_whole
-    LEFT JOIN tiny_runs t ON t.event_id = cl.gpu_event_id
+    SELECT w.step_index, l.*, l.runtime_name ILIKE '%GraphLaunch%' AS via_graph, t.event_id IS NOT NULL AS in_tiny_run
+    FROM first_launches l
+    ASOF JOIN windows w ON w.run_id = l.run_id AND w.device = l.device AND l.launch_ts_ns >= w.start_ns
+    LEFT JOIN tiny_runs t ON t.event_id = l.gpu_event_id
+    WHERE l.run_id = $run_id AND l.launch_ts_ns < w.end_ns
 ), per_step AS (
-    SELECT tid, step, step_ts, device,
+    SELECT step_index, device,
            count(*) FILTER (WHERE NOT via_graph) AS launches,
            count(*) FILTER (WHERE NOT via_graph AND gpu_dur_ns < launch_dur_ns) AS shorter,
            count(*) FILTER (WHERE NOT via_graph AND in_tiny_run) AS tiny_run,
@@ -126,17 +84,17 @@ WITH launch AS (
            count(*) FILTER (WHERE NOT via_graph AND launch_delay_ns > 100000) AS late_starts,
            median(gpu_dur_ns) FILTER (WHERE NOT via_graph) AS median_gpu_ns,
            median(launch_dur_ns) FILTER (WHERE NOT via_graph) AS median_launch_ns
-    FROM step_launch GROUP BY tid, step, step_ts, device
+    FROM step_launch GROUP BY step_index, device
 )
-SELECT a.pid, a.tid, a.step, a.ts_ns, a.end_ns, a.device, a.busy_ns, a.short_idle_ns,
+SELECT w.pid, w.tid, w.step, w.step_index, w.start_ns AS ts_ns, w.end_ns, w.device, b.busy_ns, i.short_idle_ns,
        coalesce(p.launches, 0) AS launches, coalesce(p.shorter, 0) AS shorter, coalesce(p.tiny_run, 0) AS tiny_run,
        coalesce(p.launch_bound, 0) AS launch_bound, coalesce(p.graph_launches, 0) AS graph_launches,
        coalesce(p.gpu_ns, 0) AS gpu_ns, coalesce(p.launch_ns, 0) AS launch_ns,
        coalesce(p.slow_calls, 0) AS slow_calls, coalesce(p.late_starts, 0) AS late_starts,
        p.median_gpu_ns, p.median_launch_ns
-FROM at_end a LEFT JOIN per_step p
-  ON p.tid IS NOT DISTINCT FROM a.tid AND p.step = a.step AND p.step_ts = a.ts_ns AND p.device = a.device
-"""
+FROM windows w JOIN busy b USING (step_index, device) JOIN short_idle i USING (step_index, device)
+LEFT JOIN per_step p USING (step_index, device)
+""".replace("{whole_run}", WHOLE_RUN)
 
 GROUP_COLUMNS = """
     round(sum(busy_ns) / sum(end_ns - ts_ns), 4) AS busy_share,
@@ -160,29 +118,28 @@ GROUP_COLUMNS = """
     median(median_launch_ns) AS median_launch_ns,
     min(ts_ns) AS first_ns,
     max(end_ns) AS last_ns,
-    any_value(pid) AS pid
+    any_value(pid) AS pid,
+    any_value(tid) AS tid
 """
 
+# A run's steps are one group per device (`step_windows` delimits them by one annotation on one thread).
 GROUPS_SQL = (
-    "SELECT tid, step, device," + GROUP_COLUMNS + "FROM (" + STEPS_SQL + ") s\n"
-    "WHERE end_ns > ts_ns GROUP BY tid, step, device ORDER BY step, tid, device"
+    "SELECT step, device," + GROUP_COLUMNS + "FROM (" + STEPS_SQL + ") s\nGROUP BY step, device ORDER BY step, device"
 )
 
 # The evidence query: recomputes the group's GPU busy share (first column, = observed) and its counts.
-GROUP_SQL = (
-    "SELECT" + GROUP_COLUMNS + "FROM (" + STEPS_SQL + ") s\n"
-    "WHERE end_ns > ts_ns AND tid IS NOT DISTINCT FROM $tid AND step = $step AND device = $device"
-)
+GROUP_SQL = "SELECT" + GROUP_COLUMNS + "FROM (" + STEPS_SQL + ") s\nWHERE device = $device"
 
 # Ops that issued the group's launches: the top-level cpu_op above each launch call (ProfilerStep#N,
 # an op in old traces, skipped), with its input shapes.
 OPS_SQL = """
-WITH RECURSIVE sel AS (
-    SELECT l.runtime_event_id, l.gpu_dur_ns, l.launch_dur_ns, s.step_ts
-    FROM (SELECT DISTINCT tid, step, ts_ns AS step_ts, end_ns AS step_end FROM ({steps}) x
-          WHERE tid IS NOT DISTINCT FROM $tid AND step = $step AND device = $device AND end_ns > ts_ns) s
-    JOIN launches l ON l.launch_ts_ns >= s.step_ts AND l.launch_ts_ns < s.step_end
-    WHERE l.run_id = $run_id AND l.device = $device AND l.runtime_name NOT ILIKE '%GraphLaunch%'
+WITH RECURSIVE windows AS MATERIALIZED (
+    SELECT run_id, step_index, start_ns, end_ns FROM step_windows WHERE run_id = $run_id AND end_ns > start_ns
+), sel AS (
+    SELECT l.runtime_event_id, l.gpu_dur_ns, l.launch_dur_ns, w.step_index
+    FROM first_launches l ASOF JOIN windows w ON w.run_id = l.run_id AND l.launch_ts_ns >= w.start_ns
+    WHERE l.run_id = $run_id AND l.device = $device AND l.launch_ts_ns < w.end_ns
+      AND l.runtime_name NOT ILIKE '%GraphLaunch%'
 ), up(runtime_event_id, event_id, parent_id, kind, name, hops) AS (
     SELECT s.runtime_event_id, e.event_id, e.parent_id, e.kind, e.name, 0
     FROM (SELECT DISTINCT runtime_event_id FROM sel) s JOIN events e ON e.event_id = s.runtime_event_id
@@ -198,7 +155,7 @@ WITH RECURSIVE sel AS (
 ), sig AS (
     SELECT op, input_dims, count(*) AS n, count(*) FILTER (WHERE gpu_dur_ns < launch_dur_ns) AS shorter,
            sum(gpu_dur_ns) AS gpu_ns, sum(launch_dur_ns) AS launch_ns, min(runtime_event_id) AS sample,
-           count(DISTINCT step_ts) AS steps
+           count(DISTINCT step_index) AS steps
     FROM labelled GROUP BY op, input_dims
 )
 SELECT op, list(input_dims ORDER BY n DESC, input_dims NULLS LAST)[1] AS input_dims, sum(n) AS launches,
@@ -206,10 +163,10 @@ SELECT op, list(input_dims ORDER BY n DESC, input_dims NULLS LAST)[1] AS input_d
        list(sample ORDER BY n DESC, input_dims NULLS LAST)[1] AS sample_runtime_event_id, max(steps) AS steps,
        count(*) AS shapes,
        (SELECT count(DISTINCT (op, input_dims)) FROM labelled) AS signatures,
-       (SELECT max(k) FROM (SELECT count(DISTINCT (op, input_dims)) AS k FROM labelled GROUP BY step_ts))
+       (SELECT max(k) FROM (SELECT count(DISTINCT (op, input_dims)) AS k FROM labelled GROUP BY step_index))
            AS step_signatures
 FROM sig GROUP BY op ORDER BY launches DESC, gpu_ns DESC, op LIMIT 5
-""".replace("{steps}", STEPS_SQL)
+"""
 
 
 @dataclass
@@ -303,12 +260,11 @@ def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:
     if not found:
         return []
     run_graphs = ctx.graph_launches(run.run_id)
-    return [_group(con, ctx, run, params, g, idle, run_graphs) for g, idle in found]
+    return [_group(con, ctx, run, g, idle, run_graphs) for g, idle in found]
 
 
-def _group(con, ctx, run, params, g, idle, run_graphs) -> Group:
-    where = {**measure_params(run, params), "tid": g.tid, "step": g.step, "device": g.device}
-    ops = rows(con, OPS_SQL, where)
+def _group(con, ctx, run, g, idle, run_graphs) -> Group:
+    ops = rows(con, OPS_SQL, {"run_id": run.run_id, "device": g.device})
     top_ops = [
         {
             "op": o.op,
@@ -386,7 +342,7 @@ def finding(
         impact_ns=group.idle_ns,
         window_ns=run.window_ns,
         sql=GROUP_SQL,
-        sql_params={**measure_params(run, params), "tid": g.tid, "step": g.step, "device": g.device},
+        sql_params={**measure_params(run, params), "device": g.device},
         sample_event_ids=[o["sample_runtime_event_id"] for o in group.top_ops],
         hypothesis=hypothesis,
         next_experiment=next_experiment,

@@ -1,9 +1,10 @@
 """Launch-bound steps: the host cannot issue kernels as fast as the GPU runs them (G002 launch-bound).
 
 ## What it does
-Splits each run into steps: `ProfilerStep#N` annotations (or ops, in old traces) when present, else the run's
-top-level user annotations (e.g. `prefill`, `decode_step`), else the whole run window. Steps with
-the same name on the same thread form one group (`#N` is dropped). For each group and device whose
+Splits each run into steps by the step rule every part of tracekit shares (the `step_windows` view):
+`ProfilerStep#N` annotations (or ops, in old traces) when present, else the most frequent top-level
+user annotation that occurs at least twice (e.g. `decode_step`), else the whole run window; steps come
+from one thread and never overlap. A run's steps on one device form a group. For each group whose
 steps replay no CUDA graph, it measures, over the kernels, copies and memsets launched inside the steps:
 
 - the GPU busy share: the union of all GPU activity on the device inside the step windows, over
@@ -15,14 +16,14 @@ steps replay no CUDA graph, it measures, over the kernels, copies and memsets la
 - short idle: the device's idle time inside the steps that falls in gaps between activities of at
   most `short_gap_ns`, i.e. per-launch host overhead rather than one long stretch of other host
   work (data loading, a sync, start-up);
-- HTA's outliers: launch calls over 50 us and launch delays (GPU start - call start) over 100 us.
+- HTA's outliers: launch calls over 50 us and launch delays (GPU start - end of the call) over 100 us.
 
 A group is reported when its busy share is below `max_busy_share`, it launched at least
 `min_kernels` times, at least `min_short_share` of its launches are shorter than their launch
 call or sit in tiny-kernel runs, and at least `min_short_idle_share` of its GPU idle time is short
 idle. The finding names the step, the ops (top-level `cpu_op` above
 the launch calls, with input shapes) that launched the most kernels and their Python code path,
-and whether the run replays CUDA graphs (`cudaGraphLaunch`) in other steps.
+and whether the run replays CUDA graphs (`cudaGraphLaunch`) outside these steps.
 
 One question: does the host's per-launch cost set the pace of an eager step? Runs of tiny kernels
 are a second sign of the same thing (each costs a launch and leaves the GPU dry) and count toward

@@ -51,9 +51,8 @@ def test_g002_and_g003_split_the_step_groups(eager, graph):
         graphed = {(f.locality["step"], f.locality["device"]) for f in g003(con, **EVERYTHING)[0]}
         assert not eager_steps & graphed
         groups = con.execute(
-            """SELECT DISTINCT regexp_replace(s.name, '#[0-9]+$', ''), l.device FROM launches l
-               JOIN events s ON s.kind = 'user_annotation' AND l.launch_ts_ns >= s.ts_ns AND l.launch_ts_ns < s.end_ns
-               WHERE s.depth = 0"""
+            """SELECT DISTINCT s.name, l.device FROM launches l JOIN step_windows s
+               ON s.run_id = l.run_id AND l.launch_ts_ns >= s.start_ns AND l.launch_ts_ns < s.end_ns"""
         ).fetchall()
         assert eager_steps | graphed == set(groups)
     assert g003(eager, **EVERYTHING)[0] == [], "no graph replays in the eager trace"

@@ -13,9 +13,9 @@ from tracekit.findings.model import json_schema
 from tracekit.ingest.pipeline import ingest
 
 from .conftest import corpus, evidence, run_rule, sample, trace
+from .test_views import kernel, make_run, step
 
 EAGER = "gpu_prefill_decode_eager.json.gz"
-GRAPH = "gpu_prefill_decode_cudagraph.json.gz"
 TP = ("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")
 LEGACY = "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"  # ProfilerStep#N is an op, not an annotation
 NO_STEPS = "hta__cuda_event_sync_multi_stream__event_sync_trace.json.gz"  # no annotations at all
@@ -117,20 +117,32 @@ def test_busy_short_idle_and_short_kernels_match_an_independent_computation(load
 
 def test_steps_that_replay_a_graph_are_left_to_g003(eager, graph):
     """G002 asks whether an eager step is launch-bound; a step replaying a CUDA graph is G003's question."""
-    assert [f for f in g002(graph, **EVERYTHING)[0] if f.locality["step"] == "decode_step"] == []
-    found = g002(graph, **EVERYTHING)[0]
-    assert found, "the graph trace's prefill runs eagerly"
-    for f in found:
-        assert f.extra["graph_launches_in_steps"] == 0
-        # a run with graphs elsewhere: said so, and capture is not suggested as if graphs were unknown
-        assert f.extra["graph_launches_in_run"] > 0 and "Capture one step in a CUDA graph" not in f.next_experiment
-        assert "uses CUDA graphs elsewhere" in f.hypothesis and any("CUDA graphs" in c for c in f.caveats)
+    assert g002(graph, **EVERYTHING)[0] == [], "every decode step replays a graph"
     [e] = [f for f in g002(eager)[0] if f.locality["step"] == "decode_step"]
     assert e.extra["graph_launches_in_run"] == 0 and not any("CUDA graphs" in c for c in e.caveats)
 
 
+def test_eager_steps_of_a_run_that_replays_graphs_elsewhere():
+    #  0         100        200      250
+    #  [step----)[step-----)         cudaGraphLaunch: a replay outside the steps
+    #   launch     launch
+    con = make_run([
+        step("step", 0, 100), step("step", 100, 100),
+        {"kind": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 10, "dur": 20, "corr": 1, "depth": 1},
+        {"kind": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 110, "dur": 20, "corr": 2, "depth": 1},
+        {"kind": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 250, "dur": 5, "corr": 3},
+        kernel("k", 35, 2, corr=1), kernel("k", 135, 2, corr=2), kernel("replayed", 256, 10, corr=3),
+    ], end=300)  # fmt: skip
+    [f] = g002(con, **EVERYTHING)[0]
+    assert (f.locality["step"], f.extra["steps"], f.extra["launches"]) == ("step", 2, 2)
+    assert f.extra["graph_launches_in_steps"] == 0 and f.extra["graph_launches_in_run"] == 1
+    assert "uses CUDA graphs elsewhere" in f.hypothesis and any("CUDA graphs" in c for c in f.caveats)
+    assert "Capture one step in a CUDA graph" not in f.next_experiment
+    assert run_rule(con, "G003", **EVERYTHING)[0] == [], "no step replays the graph"
+
+
 @pytest.mark.parametrize(
-    "names", [(EAGER,), (GRAPH,), TP, (LEGACY,), (NO_STEPS,), ("hta__trace_diff__control.json.gz",)],
+    "names", [(EAGER,), TP, (LEGACY,), (NO_STEPS,), ("hta__trace_diff__control.json.gz",)],
     ids=lambda n: n[0].split(".")[0],
 )  # fmt: skip
 def test_evidence_reproduces_observed_and_invariants(loaded, names):
