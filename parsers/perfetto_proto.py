@@ -85,6 +85,8 @@ def _value_json(value) -> str:
         return _dumps({"value": value}).decode()
     except TypeError:
         return _dumps({"value": float(value)}).decode()
+
+
 _DOUBLE = struct.Struct("<d")
 CLOCK_NAMES = {1: "REALTIME", 2: "REALTIME_COARSE", 3: "MONOTONIC", 4: "MONOTONIC_COARSE", 5: "MONOTONIC_RAW",
                6: "BOOTTIME", 8: "TSC", 9: "PERF"}  # fmt: skip

@@ -160,7 +160,9 @@ def align(con, run_id: int, log: Export, trace: Export) -> dict:
     """The log's clock offset against the trace run's user annotations (the median over the pairs,
     `applied_offset_ns`; 0 when nothing is shared), with its statistics, for ingest_log.notes."""
     if trace.base_time_ns is None:
-        log.notes["clock"] = "epoch ns as written; the trace has no baseTimeNanoseconds, so only an applied offset aligns them"
+        log.notes["clock"] = (
+            "epoch ns as written; the trace has no baseTimeNanoseconds, so only an applied offset aligns them"
+        )
     complete = [(r[3], r[4], r[5]) for r in log.rows if r[5] is not None]
     names = {name for name, _, _ in complete}
     ref: dict[str, list] = {}

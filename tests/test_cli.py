@@ -129,7 +129,9 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
 
     wrong = tmp_path / "w.bin"  # (an nsys SQLite export is an input since tests/test_nsys.py)
     wrong.write_bytes(b"PK\x03\x04 not a trace\x00\x01")
-    assert_one_line_error(run("analyze", wrong), str(wrong), "not a format tracekit reads; tried by content: Chrome/Kineto trace JSON")
+    assert_one_line_error(
+        run("analyze", wrong), str(wrong), "not a format tracekit reads; tried by content: Chrome/Kineto trace JSON"
+    )
 
     no_events = tmp_path / "n.json"
     no_events.write_text('{"schemaVersion": 1}')
@@ -257,7 +259,9 @@ def test_analyze_db_stores_the_findings(tmp_path):
     dbf = tmp_path / "a.duckdb"
     doc = json.loads(run("analyze", sample("gpu_prefill_decode_eager.json.gz"), "--db", dbf, "-f", "json",
                          check_rc=0).stdout)  # fmt: skip
-    rows = json.loads(run("sql", dbf, "SELECT id, rule, severity, record FROM findings", "-f", "json", check_rc=0).stdout)
+    rows = json.loads(
+        run("sql", dbf, "SELECT id, rule, severity, record FROM findings", "-f", "json", check_rc=0).stdout
+    )
     assert [r["id"] for r in rows] == [f["id"] for f in doc["findings"]]
     assert [json.loads(r["record"]) for r in rows] == doc["findings"]
 

@@ -35,7 +35,11 @@ ANYONE = {"tracekit"}
 
 
 def _modules():
-    for base, prefix in ((ROOT / "tracekit", "tracekit"), (ROOT / "parsers", "tracekit.parsers"), (ROOT / "rules", "tracekit.rules")):
+    for base, prefix in (
+        (ROOT / "tracekit", "tracekit"),
+        (ROOT / "parsers", "tracekit.parsers"),
+        (ROOT / "rules", "tracekit.rules"),
+    ):
         for path in base.rglob("*.py"):
             parts = list(path.relative_to(base).with_suffix("").parts)
             if parts[-1] == "__init__":

@@ -64,7 +64,9 @@ def test_a_column_without_its_comment_line_fails_the_check():
     f = next(f for f in stdlib.files() if any(r.name == "gpu_busy" for r in f.relations))
     start = f.sql.index("CREATE OR REPLACE VIEW gpu_busy(")
     view = f.sql[start:]
-    broken = f.sql[:start] + view.replace("    -- how many activities the block merges\n    activities,", "    activities,", 1)
+    broken = f.sql[:start] + view.replace(
+        "    -- how many activities the block merges\n    activities,", "    activities,", 1
+    )
     assert broken != f.sql
     gpu_busy = next(r for r in stdlib.parse(f.name, broken).relations if r.name == "gpu_busy")
     assert [c.name for c in gpu_busy.columns if not c.doc] == ["activities"]
@@ -118,7 +120,9 @@ def test_describe_schema_shows_the_comments():
         one, is_error = call(s, "describe_schema", {"relation": "steps"})
         assert not is_error and [r["name"] for r in one["relations"]] == ["steps"]
         steps = next(r for r in stdlib.relations() if r.name == "steps")
-        assert {c["name"]: c["comment"] for c in one["relations"][0]["columns"]} == {c.name: c.doc for c in steps.columns}
+        assert {c["name"]: c["comment"] for c in one["relations"][0]["columns"]} == {
+            c.name: c.doc for c in steps.columns
+        }
         missing, is_error = call(s, "describe_schema", {"relation": "nope"})
         assert is_error and "nope" in missing["error"]
     assert "relation" in TOOLS["describe_schema"].parameters["properties"]

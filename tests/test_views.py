@@ -138,7 +138,9 @@ def test_step_rule_falls_back_to_the_most_frequent_top_level_annotation_then_the
     ], end=50)  # fmt: skip
     got = rows(con, "SELECT step_index, name, start_ns, end_ns, tid, source FROM steps ORDER BY step_index")
     assert [(s["start_ns"], s["end_ns"]) for s in got] == [(10, 20), (20, 30), (30, 40)]
-    assert {(s["name"], s["tid"], s["source"]) for s in got} == {("decode", 1, "most frequent top-level user annotation")}
+    assert {(s["name"], s["tid"], s["source"]) for s in got} == {
+        ("decode", 1, "most frequent top-level user annotation")
+    }
     cands = {r["name"]: r for r in rows(con, "SELECT * FROM step_candidates")}
     assert cands["decode"]["choice"] == 1 and cands["decode"]["occurrences"] == 5 and cands["prefill"]["choice"] is None
     named = rows(con, "SELECT name, start_ns, end_ns, source FROM steps_named('prefill')")
@@ -241,7 +243,10 @@ def test_host_blocking_classifies_copies():
         {"kind": "gpu_memcpy", "name": "Memcpy DtoH (Device -> Pinned)", "ts": 31, "dur": 2, "corr": 4, "args": {"bytes": 8}},
     ])  # fmt: skip
     got = rows(con, "SELECT ts_ns, blocking, copy_name, bytes FROM host_blocking ORDER BY ts_ns")
-    assert [(r["ts_ns"], r["blocking"], r["bytes"]) for r in got] == [(10, "sync memcpy", 64), (20, "pageable async memcpy", 8)]
+    assert [(r["ts_ns"], r["blocking"], r["bytes"]) for r in got] == [
+        (10, "sync memcpy", 64),
+        (20, "pageable async memcpy", 8),
+    ]
 
 
 # -------------------------------------------------------------------------------------- collectives
@@ -259,7 +264,11 @@ def test_collectives_pair_kernels_with_their_ops():
     ])  # fmt: skip
     con.execute("UPDATE runs SET rank = 0, world_size = 2")
     got = rows(con, "SELECT * FROM collectives ORDER BY seq")
-    assert [(c["collective"], c["process_group"], c["seq"]) for c in got] == [("allreduce", "0", 1), ("wait", "", 1), ("broadcast", "", 2)]
+    assert [(c["collective"], c["process_group"], c["seq"]) for c in got] == [
+        ("allreduce", "0", 1),
+        ("wait", "", 1),
+        ("broadcast", "", 2),
+    ]
     ar = got[0]
     assert (ar["bytes"], ar["group_size"], ar["rank"], ar["gpu_dur_ns"], ar["op_ts_ns"]) == (2048, 2, 0, 30, 0)
     assert got[1]["kernel_event_id"] is None and got[2]["op_event_id"] is None
@@ -289,10 +298,14 @@ def test_collectives_pair_old_kernels_through_the_launch_call():
 
 
 def test_dtype_bytes():
-    got = db.connect(None).execute(
-        "SELECT dtype_bytes('BFloat16'), dtype_bytes('c10::Half'), dtype_bytes('Float'), dtype_bytes('float8_e4m3fn'), "
-        "dtype_bytes('Long'), dtype_bytes('no such type')"
-    ).fetchone()
+    got = (
+        db.connect(None)
+        .execute(
+            "SELECT dtype_bytes('BFloat16'), dtype_bytes('c10::Half'), dtype_bytes('Float'), dtype_bytes('float8_e4m3fn'), "
+            "dtype_bytes('Long'), dtype_bytes('no such type')"
+        )
+        .fetchone()
+    )
     assert got == (2, 2, 4, 1, 8, None)
 
 

@@ -251,9 +251,11 @@ SELECT side, count(*) AS n, sum(ns) AS ns FROM hits GROUP BY ALL
 
 # GPU time in the steps of the kernels whose name contains $name (the `kernel:` acceptance metric).
 KERNEL_METRIC_SQL = f"""
-WITH hits AS ({hits_sql(
-    "SELECT run_id, device, event_id AS id, ts_ns, end_ns FROM kernels WHERE contains(name, $name)", on_device=True
-)})
+WITH hits AS ({
+    hits_sql(
+        "SELECT run_id, device, event_id AS id, ts_ns, end_ns FROM kernels WHERE contains(name, $name)", on_device=True
+    )
+})
 SELECT side, sum(ns) FROM hits GROUP BY 1
 """
 

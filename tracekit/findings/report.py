@@ -42,8 +42,9 @@ def runs_section(con, run_ids=None) -> list[dict]:
     return out
 
 
-def build_report(con, findings: list[Finding], notes: list, summary: dict, max_findings: int = 25,
-                 run_ids=None) -> dict:
+def build_report(
+    con, findings: list[Finding], notes: list, summary: dict, max_findings: int = 25, run_ids=None
+) -> dict:
     ranked = rank(findings)
     kept = ranked[:max_findings]
     counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITY_RANK}

@@ -103,7 +103,9 @@ def _summary_markdown(summary: dict) -> str:
                 "|---|---|---|---|",
             ]
             for k in kernels:
-                out.append(f"| {_cut(k['name'], 90)} | {k['count']} | {duration(k['total_ns'])} | {duration(k['mean_ns'])} |")
+                out.append(
+                    f"| {_cut(k['name'], 90)} | {k['count']} | {duration(k['total_ns'])} | {duration(k['mean_ns'])} |"
+                )
             out.append("")
     return "\n".join(out)
 
