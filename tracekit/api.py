@@ -459,31 +459,29 @@ class _Database:
 
     def _store(self, key: str, findings) -> None:
         """Replace the `findings` rows of this analysis key (typed columns and the whole record)."""
-        import pyarrow as pa
-
         from tracekit.engine.registry import get_rule
 
-        records = [f.as_dict() for f in findings]
-        table = pa.table({
-            "analysis_key": pa.array([key] * len(records), pa.string()),
-            "id": pa.array([r["id"] for r in records], pa.string()),
-            "rule": pa.array([r["rule"] for r in records], pa.string()),
-            "name": pa.array([get_rule(r["rule"]).name for r in records], pa.string()),
-            "severity": pa.array([r["severity"] for r in records], pa.string()),
-            "confidence": pa.array([r["confidence"] for r in records], pa.float64()),
-            "title": pa.array([r["title"] for r in records], pa.string()),
-            "run_id": pa.array([r["locality"].get("run_id") for r in records], pa.int32()),
-            "rank": pa.array([r["locality"].get("rank") for r in records], pa.int32()),
-            "impact_ns": pa.array([r["impact"]["time_ns"] for r in records], pa.int64()),
-            "share_of_window": pa.array([r["impact"]["share_of_window"] for r in records], pa.float64()),
-            "record": pa.array([json.dumps(r, default=str) for r in records], pa.string()),
-        })  # fmt: skip
+        # plain parameter rows: findings are few, and handing DuckDB an Arrow table or DataFrame
+        # makes it import pandas when installed (0.6 s, more than all the rules of a small trace)
+        rows = []
+        for f in findings:
+            r = f.as_dict()
+            loc, impact = r["locality"], r["impact"]
+            rows.append([
+                key, r["id"], r["rule"], get_rule(r["rule"]).name, r["severity"], r["confidence"], r["title"],
+                loc.get("run_id"), loc.get("rank"), impact["time_ns"], impact["share_of_window"],
+                json.dumps(r, default=str),
+            ])  # fmt: skip
         self.con.execute("DELETE FROM findings WHERE analysis_key = ?", [key])
-        # on a cursor of its own: registering on the main connection fails while a rule's result is pending
-        cur = self.con.cursor()
-        cur.register("tk_new_findings", table)
-        cur.execute(f"INSERT INTO findings ({', '.join(table.column_names)}) SELECT * FROM tk_new_findings")
-        cur.close()
+        if rows:
+            # on a cursor of its own: the main connection may hold a rule's pending result
+            cur = self.con.cursor()
+            cur.executemany(
+                "INSERT INTO findings (analysis_key, id, rule, name, severity, confidence, title, run_id, rank, "
+                "impact_ns, share_of_window, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+            cur.close()
 
     def copy_from(self, source: _Database, run_ids) -> list[int]:
         """Copy runs of another tracekit database in, under new run ids; returns them.
