@@ -258,7 +258,7 @@ def test_collectives_pair_kernels_with_their_ops():
         kernel("gemm", 0, 5),
     ])  # fmt: skip
     con.execute("UPDATE runs SET rank = 0, world_size = 2")
-    got = rows(con, "SELECT * FROM collectives ORDER BY seq")
+    got = rows(con, "SELECT * FROM collectives ORDER BY coalesce(gpu_ts_ns, op_ts_ns)")
     assert [(c["collective"], c["process_group"], c["seq"]) for c in got] == [("allreduce", "0", 1), ("wait", "", 1), ("broadcast", "", 2)]
     ar = got[0]
     assert (ar["bytes"], ar["group_size"], ar["rank"], ar["gpu_dur_ns"], ar["op_ts_ns"]) == (2048, 2, 0, 30, 0)
