@@ -263,7 +263,7 @@ def test_collectives_pair_kernels_with_their_ops():
         kernel("gemm", 0, 5),
     ])  # fmt: skip
     con.execute("UPDATE runs SET rank = 0, world_size = 2")
-    got = rows(con, "SELECT * FROM collectives ORDER BY seq")
+    got = rows(con, "SELECT * FROM collectives ORDER BY coalesce(gpu_ts_ns, op_ts_ns)")
     assert [(c["collective"], c["process_group"], c["seq"]) for c in got] == [
         ("allreduce", "0", 1),
         ("wait", "", 1),
