@@ -1,9 +1,8 @@
 """Idle gaps between the activities of each GPU stream, each with its cause (what G001 gpu-idle measures).
 
-The device-level gaps are the `idle_gaps` view; G001 asks the same question per stream, so a gap
-here is the time between two consecutive blocks of one stream's activities (`interval_union` with
-the stream as lane), ended by the activity that starts the next block (the lowest event id when
-several start together) and the call that launched it (`first_launches`). other_busy_ns is the
+The device-level gaps are the `idle_gaps` view; G001 asks the same question per stream: a gap is
+the time from the end of a stream's earlier activities to the next activity that starts after all
+of them ended, with the call that launched that activity (`first_launches`). other_busy_ns is the
 device's busy time inside the gap (`gpu_busy_between`): the stream itself is idle there, so any
 busy time is other streams' work, and gap_ns - other_busy_ns is idle time of the whole device.
 """
@@ -19,24 +18,23 @@ CAUSES = ("host", "other_gpu", "kernel_wait", "other")
 # least half of the gap, tested before kernel_wait.
 GAPS_SQL = """
 WITH on_stream AS (
-    SELECT run_id, {'device': device, 'stream': stream} AS lane, ts_ns, end_ns FROM gpu_activities WHERE run_id = $run_id
-), stream_blocks AS (
-    SELECT run_id, lane.device, lane.stream, end_ns AS start_ns, end_ns + next_gap_ns AS end_ns, next_gap_ns AS gap_ns,
-           min(start_ns) OVER stream AS stream_first_ns, max(end_ns) OVER stream AS stream_last_ns,
-           sum(intervals) OVER stream AS stream_activities
-    FROM interval_union('on_stream')
-    WINDOW stream AS (PARTITION BY lane)
+    -- a gap ends at an activity that starts after every earlier activity of its stream ended; one
+    -- window over the activities names that activity directly (a union of the stream's intervals
+    -- would have to be joined back to the activities to find it)
+    SELECT run_id, device, stream, event_id AS next_event_id, ts_ns AS end_ns,
+           max(end_ns) OVER (PARTITION BY device, stream ORDER BY ts_ns, event_id
+                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS start_ns,
+           min(ts_ns) OVER (PARTITION BY device, stream) AS stream_first_ns,
+           max(end_ns) OVER (PARTITION BY device, stream) AS stream_last_ns,
+           count(*) OVER (PARTITION BY device, stream) AS stream_activities
+    FROM gpu_activities WHERE run_id = $run_id
 ), gaps AS (
-    SELECT * FROM stream_blocks WHERE gap_ns > 0
-), with_busy AS (
-    SELECT * FROM gpu_busy_between('gaps', 'all')
+    SELECT *, end_ns - start_ns AS gap_ns FROM on_stream WHERE end_ns > start_ns
 ), ended AS (
-    SELECT g.* EXCLUDE (busy_ns), g.busy_ns AS other_busy_ns, a.event_id AS next_event_id, a.kind AS next_kind,
-           a.name AS next_name, l.runtime_event_id, l.runtime_name, l.launch_ts_ns, l.launch_end_ns, l.tid AS launch_tid
-    FROM with_busy g
-    JOIN gpu_activities a ON a.run_id = g.run_id AND a.device = g.device AND a.stream = g.stream AND a.ts_ns = g.end_ns
-    LEFT JOIN first_launches l ON l.run_id = a.run_id AND l.gpu_event_id = a.event_id
-    QUALIFY row_number() OVER (PARTITION BY g.device, g.stream, g.start_ns ORDER BY a.event_id) = 1
+    SELECT g.* EXCLUDE (busy_ns), g.busy_ns AS other_busy_ns,
+           l.runtime_event_id, l.runtime_name, l.launch_ts_ns, l.launch_end_ns, l.tid AS launch_tid
+    FROM gpu_busy_between('gaps', 'all') g
+    LEFT JOIN first_launches l ON l.run_id = g.run_id AND l.gpu_event_id = g.next_event_id
 )
 SELECT *,
        CASE WHEN launch_end_ns > start_ns THEN 'host'
@@ -75,11 +73,16 @@ STREAMS_SQL = (
     f"SELECT device, stream, {SUMMARY_COLUMNS} FROM {GAPS_TABLE} GROUP BY device, stream ORDER BY device, stream"
 )
 
-TOP_GAPS_SQL = (
-    "SELECT next_event_id, next_kind, next_name, start_ns, end_ns, gap_ns, cause, runtime_event_id, runtime_name,\n"
-    f"       other_busy_ns\nFROM {GAPS_TABLE} g\n"
-    "WHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, next_event_id LIMIT $top"
+# The next activity's kind and name are looked up for the listed gaps only: carried through the gap
+# table they make the busy-time lookup over every gap markedly slower on large traces.
+TOP_GAPS_SQL = f"""
+WITH top AS (
+    SELECT next_event_id, start_ns, end_ns, gap_ns, cause, runtime_event_id, runtime_name, other_busy_ns
+    FROM {GAPS_TABLE} WHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, next_event_id LIMIT $top
 )
+SELECT top.*, e.kind AS next_kind, e.name AS next_name
+FROM top JOIN events e ON e.event_id = top.next_event_id ORDER BY gap_ns DESC, next_event_id
+"""
 
 # Host gaps grouped by what launched the activity after them: the launching thread and the
 # runtime call's parent (the op or Python frame that issued the launch).

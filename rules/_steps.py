@@ -9,6 +9,7 @@ run's steps on one device form a group.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from tracekit.engine.phrases import plural, rerun
@@ -237,6 +238,19 @@ def measure_params(run, params) -> dict:
     }
 
 
+# G002 and G003 split one measurement between them: taken once per analysis (one Context), run and options.
+_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _measured_groups(con, ctx, run, params) -> list:
+    where = measure_params(run, params)
+    taken = _MEASURED.setdefault(ctx, {})
+    key = tuple(where.items())
+    if key not in taken:
+        taken[key] = rows(con, GROUPS_SQL, where)
+    return taken[key]
+
+
 def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:
     """The run's step groups over every threshold, those with CUDA graph replays inside their steps
     (graphed) or those without."""
@@ -244,7 +258,7 @@ def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:
     if window <= 0:
         return []
     found = []
-    for g in rows(con, GROUPS_SQL, measure_params(run, params)):
+    for g in _measured_groups(con, ctx, run, params):
         launches = int(g.launches or 0)
         if launches < params["min_kernels"] or g.busy_share is None or bool(g.graph_launches) != graphed:
             continue

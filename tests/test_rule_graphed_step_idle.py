@@ -6,6 +6,7 @@ from __future__ import annotations
 import jsonschema
 
 from tracekit.engine.registry import get_rule
+from tracekit.engine.runner import run_rules
 from tracekit.findings.model import json_schema
 
 from .conftest import evidence, run_rule
@@ -56,3 +57,10 @@ def test_g002_and_g003_split_the_step_groups(eager, graph):
         ).fetchall()
         assert eager_steps | graphed == set(groups)
     assert g003(eager, **EVERYTHING)[0] == [], "no graph replays in the eager trace"
+
+
+def test_one_measurement_serves_both_rules_of_an_analysis(graph):
+    """G002 and G003 run together take the step measurement once; each finds what it finds alone."""
+    together, _ = run_rules(graph, ["G002", "G003"], {code: EVERYTHING for code in ("G002", "G003")})
+    alone = [f for code in ("G002", "G003") for f in run_rule(graph, code, **EVERYTHING)[0]]
+    assert together and [f.as_dict() for f in together] == [f.as_dict() for f in alone]
