@@ -13,7 +13,7 @@ from tracekit.engine.toolkit import rows
 
 CAUSES = ("host", "other_gpu", "kernel_wait", "other")
 
-# One row per gap of a stream of run $run_id; the cause is idle_gaps' (host: the launch returned after
+# One row per gap of a stream of run $run_id (of every run when it is NULL); the cause is idle_gaps' (host: the launch returned after
 # the gap began; kernel_wait: shorter than $kernel_wait_ns) with other_gpu, other streams busy for at
 # least half of the gap, tested before kernel_wait.
 GAPS_SQL = """
@@ -22,18 +22,18 @@ WITH on_stream AS (
     -- window over the activities names that activity directly (a union of the stream's intervals
     -- would have to be joined back to the activities to find it)
     SELECT run_id, device, stream, event_id AS next_event_id, ts_ns AS end_ns,
-           max(end_ns) OVER (PARTITION BY device, stream ORDER BY ts_ns, event_id
+           max(end_ns) OVER (PARTITION BY run_id, device, stream ORDER BY ts_ns, event_id
                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS start_ns,
-           min(ts_ns) OVER (PARTITION BY device, stream) AS stream_first_ns,
-           max(end_ns) OVER (PARTITION BY device, stream) AS stream_last_ns,
-           count(*) OVER (PARTITION BY device, stream) AS stream_activities
-    FROM gpu_activities WHERE run_id = $run_id
+           min(ts_ns) OVER (PARTITION BY run_id, device, stream) AS stream_first_ns,
+           max(end_ns) OVER (PARTITION BY run_id, device, stream) AS stream_last_ns,
+           count(*) OVER (PARTITION BY run_id, device, stream) AS stream_activities
+    FROM gpu_activities WHERE run_id = coalesce($run_id, run_id)
 ), gaps AS (
     SELECT *, end_ns - start_ns AS gap_ns FROM on_stream WHERE end_ns > start_ns
 ), ended AS (
     SELECT g.* EXCLUDE (busy_ns), g.busy_ns AS other_busy_ns,
            l.runtime_event_id, l.runtime_name, l.launch_ts_ns, l.launch_end_ns, l.tid AS launch_tid
-    FROM gpu_busy_between('gaps', 'all') g
+    FROM gpu_busy_between('gaps', 'all', in_run := $run_id) g
     LEFT JOIN first_launches l ON l.run_id = g.run_id AND l.gpu_event_id = g.next_event_id
 )
 SELECT *,
@@ -65,12 +65,13 @@ SUMMARY_COLUMNS = """
 # One stream's summary, self-contained: G001's evidence query (idle_ns, the first column, is observed).
 STREAM_SQL = "SELECT" + SUMMARY_COLUMNS + "FROM (" + GAPS_SQL + ") g\nWHERE device = $device AND stream = $stream"
 
-# The per-finding detail queries read the run's gaps from a temp table built once per run, and the
-# evidence query stays self-contained.
+# The rule reads the gaps of every run from a temp table built once (a query per run would cost more
+# in planning than in work on a database of many small runs); the evidence query stays self-contained.
 GAPS_TABLE = "_g001_gaps"
 
 STREAMS_SQL = (
-    f"SELECT device, stream, {SUMMARY_COLUMNS} FROM {GAPS_TABLE} GROUP BY device, stream ORDER BY device, stream"
+    f"SELECT device, stream, {SUMMARY_COLUMNS} FROM {GAPS_TABLE} WHERE run_id = $run_id\n"
+    "GROUP BY device, stream ORDER BY device, stream"
 )
 
 # The next activity's kind and name are looked up for the listed gaps only: carried through the gap
@@ -78,7 +79,8 @@ STREAMS_SQL = (
 TOP_GAPS_SQL = f"""
 WITH top AS (
     SELECT next_event_id, start_ns, end_ns, gap_ns, cause, runtime_event_id, runtime_name, other_busy_ns
-    FROM {GAPS_TABLE} WHERE device = $device AND stream = $stream ORDER BY gap_ns DESC, next_event_id LIMIT $top
+    FROM {GAPS_TABLE} WHERE run_id = $run_id AND device = $device AND stream = $stream
+    ORDER BY gap_ns DESC, next_event_id LIMIT $top
 )
 SELECT top.*, e.kind AS next_kind, e.name AS next_name
 FROM top JOIN events e ON e.event_id = top.next_event_id ORDER BY gap_ns DESC, next_event_id
@@ -91,19 +93,22 @@ HOST_SITES_SQL = (
     "       arg_max(g.runtime_event_id, g.gap_ns) AS worst_runtime_event_id\n"
     f"FROM {GAPS_TABLE} g\n"
     "LEFT JOIN events r ON r.event_id = g.runtime_event_id LEFT JOIN events p ON p.event_id = r.parent_id\n"
-    "WHERE g.device = $device AND g.stream = $stream AND g.cause = 'host'\n"
+    "WHERE g.run_id = $run_id AND g.device = $device AND g.stream = $stream AND g.cause = 'host'\n"
     "GROUP BY ALL ORDER BY idle_ns DESC, site LIMIT 3"
 )
 
 
-def stream_summaries(con, run_id: int, params) -> list:
-    """Per (device, stream) of the run: idle time by cause, exposed idle, gaps, the active window.
-    Builds the run's gap table, which the detail queries below read."""
+def build_gap_table(con, params) -> None:
+    """The gaps of every run, which the queries below read."""
     con.execute(
         f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {GAPS_SQL}",
-        {"run_id": run_id, "kernel_wait_ns": params["kernel_wait_ns"]},
+        {"run_id": None, "kernel_wait_ns": params["kernel_wait_ns"]},
     )
-    return rows(con, STREAMS_SQL, {"short_gap_ns": params["short_gap_ns"]})
+
+
+def stream_summaries(con, run_id: int, params) -> list:
+    """Per (device, stream) of the run: idle time by cause, exposed idle, gaps, the active window."""
+    return rows(con, STREAMS_SQL, {"run_id": run_id, "short_gap_ns": params["short_gap_ns"]})
 
 
 def largest_gaps(con, ctx, where: dict, top: int) -> list[dict]:
@@ -134,7 +139,7 @@ def largest_gaps(con, ctx, where: dict, top: int) -> list[dict]:
 def host_sites(con, ctx, run_id: int, where: dict) -> list[dict]:
     """The call sites whose launches ended the most host-caused idle time."""
     sites = []
-    for h in rows(con, HOST_SITES_SQL, where):
+    for h in rows(con, HOST_SITES_SQL, {"run_id": run_id, **where}):
         worst = h.worst_runtime_event_id
         op = ctx.enclosing_op(worst, outermost=True)
         sites.append(

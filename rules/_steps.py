@@ -36,44 +36,46 @@ PARAMS = {
     **share_params("the steps' GPU idle time over the run window", critical=0.3, warning=0.1),
 }
 
-# One row per (step, device) of run $run_id: the step windows of `step_windows` on every device with
-# GPU work, with the device's busy time and short idle inside the step and the step's launch stats.
+# One row per (step, device) of run $run_id (of every run when it is NULL): the step windows of
+# `step_windows` on every device with GPU work, with the device's busy time and short idle inside the
+# step and the step's launch stats.
 STEPS_SQL = """
 WITH windows AS MATERIALIZED (
     SELECT s.run_id, s.step_index, coalesce(s.name, '{whole_run}') AS step, s.start_ns, s.end_ns, d.device,
            -- a whole-run step is no thread's: its launches come from every thread
            CASE WHEN s.name IS NOT NULL THEN s.pid END AS pid, CASE WHEN s.name IS NOT NULL THEN s.tid END AS tid
-    FROM step_windows s JOIN (SELECT DISTINCT run_id, device FROM gpu_busy WHERE run_id = $run_id) d USING (run_id)
-    WHERE s.run_id = $run_id AND s.end_ns > s.start_ns
+    FROM step_windows s
+    JOIN (SELECT DISTINCT run_id, device FROM gpu_activities WHERE run_id = coalesce($run_id, run_id)) d USING (run_id)
+    WHERE s.run_id = coalesce($run_id, run_id) AND s.end_ns > s.start_ns
 ), busy AS (
-    SELECT step_index, device, busy_ns FROM gpu_busy_between('windows', 'all')
+    SELECT run_id, step_index, device, busy_ns FROM gpu_busy_between('windows', 'all', in_run := $run_id)
 ), short_gaps AS (
     SELECT run_id, device AS lane, end_ns AS ts_ns, end_ns + next_gap_ns AS end_ns
-    FROM gpu_busy WHERE run_id = $run_id AND next_gap_ns <= $short_gap_ns
+    FROM gpu_busy WHERE run_id = coalesce($run_id, run_id) AND next_gap_ns <= $short_gap_ns
 ), short_blocks AS (
     SELECT * FROM interval_union('short_gaps')
 ), short_windows AS (
     SELECT run_id, step_index, device AS lane, start_ns, end_ns FROM windows
 ), short_idle AS (
     -- idle inside the step in gaps up to $short_gap_ns: the "busy" time of the union of those gaps
-    SELECT step_index, lane AS device, busy_ns AS short_idle_ns FROM busy_between('short_windows', 'short_blocks')
+    SELECT run_id, step_index, lane AS device, busy_ns AS short_idle_ns FROM busy_between('short_windows', 'short_blocks')
 ), kernel_islands AS (
     -- a run of tiny kernels on a stream: the tiny kernels after one that is not tiny
-    SELECT event_id, device, stream, dur_ns < $tiny_kernel_ns AS tiny,
+    SELECT event_id, run_id, device, stream, dur_ns < $tiny_kernel_ns AS tiny,
            sum(CASE WHEN dur_ns < $tiny_kernel_ns THEN 0 ELSE 1 END)
-               OVER (PARTITION BY device, stream ORDER BY ts_ns, event_id ROWS UNBOUNDED PRECEDING) AS island
-    FROM gpu_activities WHERE run_id = $run_id AND kind = 'kernel'
+               OVER (PARTITION BY run_id, device, stream ORDER BY ts_ns, event_id ROWS UNBOUNDED PRECEDING) AS island
+    FROM gpu_activities WHERE run_id = coalesce($run_id, run_id) AND kind = 'kernel'
 ), tiny_runs AS (
     SELECT event_id FROM kernel_islands WHERE tiny
-    QUALIFY count(*) OVER (PARTITION BY device, stream, island) >= $min_run
+    QUALIFY count(*) OVER (PARTITION BY run_id, device, stream, island) >= $min_run
 ), step_launch AS (
     SELECT w.step_index, l.*, l.runtime_name ILIKE '%GraphLaunch%' AS via_graph, t.event_id IS NOT NULL AS in_tiny_run
     FROM first_launches l
     ASOF JOIN windows w ON w.run_id = l.run_id AND w.device = l.device AND l.launch_ts_ns >= w.start_ns
     LEFT JOIN tiny_runs t ON t.event_id = l.gpu_event_id
-    WHERE l.run_id = $run_id AND l.launch_ts_ns < w.end_ns
+    WHERE l.run_id = coalesce($run_id, l.run_id) AND l.launch_ts_ns < w.end_ns
 ), per_step AS (
-    SELECT step_index, device,
+    SELECT run_id, step_index, device,
            count(*) FILTER (WHERE NOT via_graph) AS launches,
            count(*) FILTER (WHERE NOT via_graph AND gpu_dur_ns < launch_dur_ns) AS shorter,
            count(*) FILTER (WHERE NOT via_graph AND in_tiny_run) AS tiny_run,
@@ -85,16 +87,16 @@ WITH windows AS MATERIALIZED (
            count(*) FILTER (WHERE NOT via_graph AND launch_delay_ns > 100000) AS late_starts,
            median(gpu_dur_ns) FILTER (WHERE NOT via_graph) AS median_gpu_ns,
            median(launch_dur_ns) FILTER (WHERE NOT via_graph) AS median_launch_ns
-    FROM step_launch GROUP BY step_index, device
+    FROM step_launch GROUP BY run_id, step_index, device
 )
-SELECT w.pid, w.tid, w.step, w.step_index, w.start_ns AS ts_ns, w.end_ns, w.device, b.busy_ns, i.short_idle_ns,
+SELECT w.run_id, w.pid, w.tid, w.step, w.step_index, w.start_ns AS ts_ns, w.end_ns, w.device, b.busy_ns, i.short_idle_ns,
        coalesce(p.launches, 0) AS launches, coalesce(p.shorter, 0) AS shorter, coalesce(p.tiny_run, 0) AS tiny_run,
        coalesce(p.launch_bound, 0) AS launch_bound, coalesce(p.graph_launches, 0) AS graph_launches,
        coalesce(p.gpu_ns, 0) AS gpu_ns, coalesce(p.launch_ns, 0) AS launch_ns,
        coalesce(p.slow_calls, 0) AS slow_calls, coalesce(p.late_starts, 0) AS late_starts,
        p.median_gpu_ns, p.median_launch_ns
-FROM windows w JOIN busy b USING (step_index, device) JOIN short_idle i USING (step_index, device)
-LEFT JOIN per_step p USING (step_index, device)
+FROM windows w JOIN busy b USING (run_id, step_index, device) JOIN short_idle i USING (run_id, step_index, device)
+LEFT JOIN per_step p USING (run_id, step_index, device)
 """.replace("{whole_run}", WHOLE_RUN)
 
 GROUP_COLUMNS = """
@@ -125,7 +127,8 @@ GROUP_COLUMNS = """
 
 # A run's steps are one group per device (`step_windows` delimits them by one annotation on one thread).
 GROUPS_SQL = (
-    "SELECT step, device," + GROUP_COLUMNS + "FROM (" + STEPS_SQL + ") s\nGROUP BY step, device ORDER BY step, device"
+    "SELECT run_id, step, device," + GROUP_COLUMNS + "FROM (" + STEPS_SQL + ") s\n"
+    "GROUP BY run_id, step, device ORDER BY run_id, step, device"
 )
 
 # The evidence query: recomputes the group's GPU busy share (first column, = observed) and its counts.
@@ -238,17 +241,18 @@ def measure_params(run, params) -> dict:
     }
 
 
-# G002 and G003 split one measurement between them: taken once per analysis (one Context), run and options.
+# G002 and G003 split one measurement between them: taken once per analysis (one Context) and options,
+# over every run at once (a query per run would cost more in planning than in work on many small runs).
 _MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _measured_groups(con, ctx, run, params) -> list:
-    where = measure_params(run, params)
+    every_run = {**measure_params(run, params), "run_id": None}
     taken = _MEASURED.setdefault(ctx, {})
-    key = tuple(where.items())
+    key = tuple(every_run.items())
     if key not in taken:
-        taken[key] = rows(con, GROUPS_SQL, where)
-    return taken[key]
+        taken[key] = rows(con, GROUPS_SQL, every_run)
+    return [g for g in taken[key] if g.run_id == run.run_id]
 
 
 def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:

@@ -83,6 +83,7 @@ _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
 def check(con, params, ctx):
+    _idle_gaps.build_gap_table(con, params)
     for run in ctx.runs:
         if run.window_ns <= 0:
             continue
@@ -203,7 +204,7 @@ def _explain(s, split, dominant, params, graph_launches, site_text, device) -> t
 
 def _finding(con, ctx, run, params, s, graph_launches, others):
     where = {"device": s.device, "stream": s.stream}
-    largest = _idle_gaps.largest_gaps(con, ctx, where, params["top_gaps"])
+    largest = _idle_gaps.largest_gaps(con, ctx, {"run_id": run.run_id, **where}, params["top_gaps"])
     host_sites = _idle_gaps.host_sites(con, ctx, run.run_id, where)
     idle, active = int(s.idle_ns), _active_ns(s)
     share, exposed_share = idle / active, s.exposed_ns / active

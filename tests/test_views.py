@@ -84,6 +84,10 @@ def test_gpu_busy_between_clips_merged_blocks_to_windows():
                 "(1, 0, 12, 15, 'c'), (1, 3, 0, 100, 'd')) t(run_id, device, start_ns, end_ns, label)")  # fmt: skip
     got = {r["label"]: r["busy_ns"] for r in rows(con, "SELECT * FROM gpu_busy_between('w', 'all')")}
     assert got == {"a": 9, "b": 17, "c": 0, "d": 0}
+    # in_run keeps the blocks of one run: windows of that run read the same, another run's read nothing
+    one_run = {r["label"]: r["busy_ns"] for r in rows(con, "SELECT * FROM gpu_busy_between('w', 'all', in_run := 1)")}
+    assert one_run == got
+    assert {r["busy_ns"] for r in rows(con, "SELECT * FROM gpu_busy_between('w', 'all', in_run := 2)")} == {0}
 
 
 def test_busy_layers_split_compute_communication_and_copies():

@@ -292,16 +292,19 @@ FROM runs r LEFT JOIN ranked m USING (run_id);
 --
 -- Cost: two ASOF joins of the windows against the layer's blocks, O((windows + blocks) log);
 -- `a.start_ns < b.end_ns AND a.end_ns > b.start_ns` with an equality on the device is a hash join
--- with a residual filter instead, orders of magnitude slower on large traces.
+-- with a residual filter instead, orders of magnitude slower on large traces. The blocks are those
+-- of every run unless `in_run` names the one run the windows are in: a query about one run of a
+-- database of many passes it (`in_run := $run_id`), and only that run's activities are merged.
 --
 -- ```sql
 -- CREATE TEMP TABLE w AS SELECT run_id, 0 AS device, ts_ns AS start_ns, end_ns, name FROM events WHERE name LIKE 'ProfilerStep#%';
 -- SELECT name, busy_ns / (end_ns - start_ns) AS gpu_util FROM gpu_busy_between('w', 'all');
 -- ```
-CREATE OR REPLACE MACRO gpu_busy_between(windows, busy_layer) AS TABLE
+CREATE OR REPLACE MACRO gpu_busy_between(windows, busy_layer, in_run := NULL) AS TABLE
 WITH _gpu_windows AS (
     SELECT *, device AS lane FROM query_table(windows)
 ), _gpu_blocks AS (
-    SELECT run_id, device AS lane, start_ns, end_ns, busy_before_ns FROM gpu_busy_layers WHERE layer = busy_layer
+    SELECT run_id, device AS lane, start_ns, end_ns, busy_before_ns FROM gpu_busy_layers
+    WHERE layer = busy_layer AND run_id = coalesce(in_run, run_id)
 )
 SELECT * EXCLUDE (lane) FROM busy_between('_gpu_windows', '_gpu_blocks');
