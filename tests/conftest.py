@@ -90,3 +90,16 @@ def eager(loaded):
 def graph(loaded):
     """The same loop with the decode step replayed from a CUDA graph."""
     return loaded(sample("gpu_prefill_decode_cudagraph.json.gz"))
+
+
+def union_within(intervals, lo, hi) -> int:
+    """Length of the union of (start, end) intervals clipped to [lo, hi): the brute-force oracle the
+    busy-time tests compare the SQL against."""
+    total, cur = 0, None
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if s < hi and e > lo):
+        if cur and s <= cur[1]:
+            cur[1] = max(cur[1], e)
+        else:
+            total += cur[1] - cur[0] if cur else 0
+            cur = [s, e]
+    return total + (cur[1] - cur[0] if cur else 0)

@@ -16,7 +16,7 @@ from tracekit.findings.time_summary import top_costs
 from tracekit.render import html as html_report
 from tracekit.render import timeline
 
-from .conftest import corpus, sample
+from .conftest import corpus, sample, union_within
 
 EAGER = sample("gpu_prefill_decode_eager.json.gz")
 GRAPH = sample("gpu_prefill_decode_cudagraph.json.gz")
@@ -26,17 +26,6 @@ TP2 = [sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz")]
 def _report(con):
     findings, notes = run_rules(con)
     return build_report(con, findings, notes, top_costs(con), max_findings=len(findings))
-
-
-def _union_within(intervals, lo, hi) -> int:
-    total, cur = 0, None
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if s < hi and e > lo):
-        if cur and s <= cur[1]:
-            cur[1] = max(cur[1], e)
-        else:
-            total += cur[1] - cur[0] if cur else 0
-            cur = [s, e]
-    return total + (cur[1] - cur[0] if cur else 0)
 
 
 def _outside_scripts(page: str) -> str:
@@ -72,7 +61,7 @@ def test_timeline_blocks_cover_every_slice_and_stay_bounded(loaded, name):
             assert b.start_ns <= s and e <= b.end_ns
         # a block is busy at least as long as its slices' union, and its slices add up
         assert sum(b.slices for b in blocks) == len(intervals)
-        assert sum(b.end_ns - b.start_ns for b in blocks) >= _union_within(intervals, lo, hi)
+        assert sum(b.end_ns - b.start_ns for b in blocks) >= union_within(intervals, lo, hi)
 
 
 def test_timeline_clips_to_a_window(eager):
@@ -104,7 +93,7 @@ def test_step_breakdown_matches_an_independent_union(eager):
     got = steps[1]
     assert [(s["ts_ns"], s["ts_ns"] + s["dur_ns"]) for s in got] == windows
     for s, (lo, hi) in zip(got, windows):
-        assert s["busy_ns"] == _union_within(acts, lo, hi)
+        assert s["busy_ns"] == union_within(acts, lo, hi)
         parts = sum(s[k] for k in html_report.BREAKDOWN)
         assert parts == pytest.approx(s["dur_ns"], abs=1)
         assert s["idle"] == s["dur_ns"] - s["busy_ns"] and s["host"] == 0
@@ -133,7 +122,7 @@ def test_cpu_only_run_shows_host_time_of_the_step_thread(loaded):
     for s in steps[1]:
         lo, hi = s["ts_ns"], s["ts_ns"] + s["dur_ns"]
         assert s["compute"] == s["communication"] == 0
-        assert s["host"] == _union_within(below, lo, hi) > 0
+        assert s["host"] == union_within(below, lo, hi) > 0
         assert s["host"] + s["idle"] == s["dur_ns"]
 
 

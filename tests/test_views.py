@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import corpus, run_rule, sample
+from tests.conftest import corpus, run_rule, sample, union_within
 from tracekit import db
 
 EAGER = sample("gpu_prefill_decode_eager.json.gz")
@@ -47,17 +47,6 @@ def rows(con, sql: str, params=None) -> list[dict]:
     cur = con.execute(sql, params or [])
     cols = [d[0] for d in cur.description]
     return [dict(zip(cols, r)) for r in cur.fetchall()]
-
-
-def union_within(intervals, lo, hi) -> int:
-    total, cur = 0, None
-    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in intervals if s < hi and e > lo):
-        if cur and s <= cur[1]:
-            cur[1] = max(cur[1], e)
-        else:
-            total += cur[1] - cur[0] if cur else 0
-            cur = [s, e]
-    return total + (cur[1] - cur[0] if cur else 0)
 
 
 def step(name, ts, dur, kind="user_annotation", **kw):

@@ -687,10 +687,6 @@ def _headline(d: dict) -> dict:
 # ---------------------------------------------------------------------------------------- rendering
 
 
-def _ms(ns) -> str:
-    return duration(ns)
-
-
 def _dms(ns) -> str:
     """A delta by magnitude, with its sign: +1.20 ms, -850 us."""
     return duration(ns) if ns is None or ns < 0 else "+" + duration(ns)
@@ -706,7 +702,7 @@ def _fmt_measured(a: dict) -> str:
     scale = a["metric"] not in ("gpu_util", "launches")
     if a["mode"] == "absolute_change":
         return _dms(a["delta"]) if scale else f"{a['delta']:+g}"
-    return _ms(a["candidate"]) if scale else f"{a['candidate']:g}"
+    return duration(a["candidate"]) if scale else f"{a['candidate']:g}"
 
 
 def _what(t: dict) -> str:
@@ -735,7 +731,7 @@ def to_text(doc: dict) -> str:
 
     def line(label, d):
         return (
-            f"  {label:<18} {_ms(d['baseline']['time_ns']):>14} -> {_ms(d['candidate']['time_ns']):>14}"
+            f"  {label:<18} {duration(d['baseline']['time_ns']):>14} -> {duration(d['candidate']['time_ns']):>14}"
             f"  {_dms(d['delta_ns']):>14} {_p(d['delta_pct']):>9}   GPU util "
             f"{_pp(d['baseline']['gpu_util'])} -> {_pp(d['candidate']['gpu_util'])}"
         )
@@ -748,8 +744,8 @@ def to_text(doc: dict) -> str:
     b, c = n["baseline"], n["candidate"]
     if b.get("n") and c.get("n"):
         L.append(
-            f"  noise: median {_ms(b['median_ns'])} (IQR {_ms(b['iqr_ns'])}) -> {_ms(c['median_ns'])} "
-            f"(IQR {_ms(c['iqr_ns'])}); 95% CI of delta "
+            f"  noise: median {duration(b['median_ns'])} (IQR {duration(b['iqr_ns'])}) -> {duration(c['median_ns'])} "
+            f"(IQR {duration(c['iqr_ns'])}); 95% CI of delta "
             + (f"[{_dms(n['ci95_delta_ns'][0])}, {_dms(n['ci95_delta_ns'][1])}]" if n["ci95_delta_ns"] else "n/a")
             + "; "
             + {True: "WITHIN NOISE", False: "outside noise", None: "noise unknown"}[n["within_noise"]]
@@ -781,7 +777,7 @@ def to_text(doc: dict) -> str:
 
 
 def _val(a, key) -> str:
-    return f"{a[key]:g}" if a["metric"] in ("gpu_util", "launches") else _ms(a[key])
+    return f"{a[key]:g}" if a["metric"] in ("gpu_util", "launches") else duration(a[key])
 
 
 def _pp(x) -> str:
@@ -803,7 +799,7 @@ def to_markdown(doc: dict) -> str:
     rows += [(f"phase {p} (per run)", d) for p, d in doc["delta"]["phases"].items()]
     for label, d in rows:
         L.append(
-            f"| {label} | {_ms(d['baseline']['time_ns'])} | {_ms(d['candidate']['time_ns'])} "
+            f"| {label} | {duration(d['baseline']['time_ns'])} | {duration(d['candidate']['time_ns'])} "
             f"| {_dms(d['delta_ns'])} | {_p(d['delta_pct'])} |"
         )
     n = doc["noise"]

@@ -74,10 +74,6 @@ def _e(x) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _ms(ns) -> str:
-    return duration(ns)  # by magnitude, as the CLI prints it (4.70 us, not 0.005 ms)
-
-
 def _pct(x) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
@@ -368,7 +364,7 @@ def _finding_html(f: dict, origin: dict[int, int]) -> str:
     return f"""
 <div class="finding" id="{_e(f["id"])}" style="border-left-color: {color}">
 <h3><span class="sev" style="background: {color}">{_e(f["severity"])}</span> {_e(f["title"])}</h3>
-<p class="note">{_e(f["id"])} &middot; {_e(_where(loc))}{_e(when)} &middot; impact {_ms(f["impact"]["time_ns"])}
+<p class="note">{_e(f["id"])} &middot; {_e(_where(loc))}{_e(when)} &middot; impact {duration(f["impact"]["time_ns"])}
 ({_pct(f["impact"]["share_of_window"])} of the window) &middot; confidence {f["confidence"]}</p>
 <p><b>Observed</b>: {_e(obs.get("value"))} {_e(obs.get("unit"))} {_e(obs.get("what"))};
 <b>expected</b>: {_e(exp.get("value"))} {_e(exp.get("unit"))} {_e(exp.get("what"))}</p>
@@ -421,7 +417,7 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
     # runs
     rows = [
         [r["run_id"], r["label"], r["rank"] if r["rank"] is not None else "-", r["format"], r.get("device") or "-",
-         r["events_ingested"], r["events_skipped"], _ms(r["window_ns"])]
+         r["events_ingested"], r["events_skipped"], duration(r["window_ns"])]
         for r in runs
     ]  # fmt: skip
     page.add("<h2>Runs</h2>" + _table(["run", "label", "rank", "format", "device", "events", "skipped", "window"],
@@ -437,7 +433,7 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
             _table(
                 ["#", "severity", "finding", "where", "impact"],
                 [
-                    [i, f["severity"], f["title"], _where(f["locality"]), _ms(f["impact"]["time_ns"])]
+                    [i, f["severity"], f["title"], _where(f["locality"]), duration(f["impact"]["time_ns"])]
                     for i, f in enumerate(findings, 1)
                 ],
                 {0, 4},
@@ -490,7 +486,7 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
                 if d.lanes:
                     page.figure(
                         _timeline_figure(d, run_findings, r["start_ns"],
-                                         f"{_e(_run_name(r))}: close-up on {_e(f['id'])} ({_ms(hi - lo)}, "
+                                         f"{_e(_run_name(r))}: close-up on {_e(f['id'])} ({duration(hi - lo)}, "
                                          f"{d.slices:,} slices in {d.blocks:,} blocks)"),
                         "timeline-detail",
                     )  # fmt: skip
@@ -520,7 +516,9 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
                 s = steps.get(r["run_id"]) or []
                 if s:
                     mean = {k: sum(x[k] for x in s) / len(s) for k in (*BREAKDOWN, "dur_ns")}
-                    rows.append([_run_name(r), len(s), _ms(mean["dur_ns"])] + [_ms(mean[k]) for k in BREAKDOWN])
+                    rows.append(
+                        [_run_name(r), len(s), duration(mean["dur_ns"])] + [duration(mean[k]) for k in BREAKDOWN]
+                    )
             page.add(_table(["run", "steps", "mean step", *BREAKDOWN], rows, set(range(1, 3 + len(BREAKDOWN)))))
 
     # top kernels and ops
@@ -533,7 +531,7 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
             page.add(f"<h3>Kernels: {_e(_run_name(run))}</h3>")
             page.add(_table(
                 ["kernel", "count", "total", "mean", "max", "share of GPU busy", "comm"],
-                [[_short(k["name"], 120), k["count"], _ms(k["total_ns"]), _ms(k["mean_ns"]), _ms(k["max_ns"]),
+                [[_short(k["name"], 120), k["count"], duration(k["total_ns"]), duration(k["mean_ns"]), duration(k["max_ns"]),
                   _pct(k["share_of_gpu_busy"]), "yes" if k["is_communication"] else ""] for k in run["top_kernels"]],
                 {1, 2, 3, 4, 5},
             ))  # fmt: skip
@@ -541,8 +539,8 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
             page.add(f"<h3>CPU ops by self time: {_e(_run_name(run))}</h3>")
             page.add(_table(
                 ["op", "input dims", "count", "self", "total", "mean", "self share of window"],
-                [[o["name"], _short(o["input_dims"] or "", 80), o["count"], _ms(o["self_ns"]), _ms(o["total_ns"]),
-                  _ms(o["mean_ns"]), _pct(o["self_share_of_window"])] for o in run["top_cpu_ops"]],
+                [[o["name"], _short(o["input_dims"] or "", 80), o["count"], duration(o["self_ns"]), duration(o["total_ns"]),
+                  duration(o["mean_ns"]), _pct(o["self_share_of_window"])] for o in run["top_cpu_ops"]],
                 {2, 3, 4, 5, 6},
             ))  # fmt: skip
 
@@ -554,7 +552,7 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
         rows += [[f"phase {p} (per run)", v] for p, v in d["phases"].items()]
         page.add(_table(
             ["scope", "baseline", "candidate", "delta", "delta %"],
-            [[label, _ms(v["baseline"]["time_ns"]), _ms(v["candidate"]["time_ns"]), _ms(v["delta_ns"]),
+            [[label, duration(v["baseline"]["time_ns"]), duration(v["candidate"]["time_ns"]), duration(v["delta_ns"]),
               "-" if v["delta_pct"] is None else f"{v['delta_pct']:+.1f}%"] for label, v in rows],
             {1, 2, 3, 4},
         ))  # fmt: skip
@@ -565,8 +563,8 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
         page.figure(_waterfall_figure(diff_doc), "waterfall")
         page.add(_table(
             ["#", "delta", "share", "category", "name", "baseline", "candidate"],
-            [[t["rank"], _ms(t["delta_ns"]), _pct(t["share"]), t["category"], _short(t["name"], 120),
-              _ms(t["baseline_ns"]), _ms(t["candidate_ns"])] for t in diff_doc["contributors"]],
+            [[t["rank"], duration(t["delta_ns"]), _pct(t["share"]), t["category"], _short(t["name"], 120),
+              duration(t["baseline_ns"]), duration(t["candidate_ns"])] for t in diff_doc["contributors"]],
             {0, 1, 2, 5, 6},
         ))  # fmt: skip
 
