@@ -23,6 +23,8 @@ go): a reader takes the ones it uses by name and ignores the rest. Optional:
 - `TAKES_LOGS = True`: the trace that attachable logs join.
 - `READ_AHEAD = True`: `read` is file I/O and decompression that release the GIL, so ingest reads
   the next such input on a thread while it loads the current one.
+- `RANKS_BY_PROCESS = True`: a file may hold several ranks, one process each, with correlation ids
+  scoped by process (pid * 2**32 + id); ingest splits it into one run per rank (tracekit/ingest/processes.py).
 - `derive(con, run_id)`: a step of the reader's own after ingest's shared ones (processes, threads,
   streams, nesting), run for every run its rows are part of.
 - `fallback(head) -> bool`: takes what no reader recognised (the Chrome reader takes any JSON, so

@@ -61,6 +61,8 @@ VERSION_SUFFIX = "_v[0-9]+$"  # an RE2 pattern (Arrow's regex engine, as DuckDB'
 TID_MASK = 0x1000000
 OTHER_CLASS = "runtime row of another event class (not CUDA runtime/driver)"
 BATCH_ROWS = 250_000  # rows fetched, converted and inserted at a time: the reader's memory bound
+# a multi-GPU job captured in one file holds one process per rank: ingest makes each a run of its own
+RANKS_BY_PROCESS = True
 
 
 def sniff(head: bytes, name: str, **_) -> bool:

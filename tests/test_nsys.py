@@ -184,12 +184,15 @@ def test_synthetic_export_scopes_correlation_by_process_and_counts_skips(tmp_pat
     src.commit()
     src.close()
     con = db.connect(None)
-    (result,) = ingest(con, [path])
-    assert result.events_read == 7 == result.events_ingested + result.events_skipped
-    assert result.skipped_reasons == {"kernel without end": 1, "runtime call with unknown string id": 1}
-    pairs = con.execute("SELECT pid, gpu_name, runtime_name FROM launches ORDER BY pid").fetchall()
-    assert pairs == [(100, "k_a", "cudaLaunchKernel"), (200, "k_b", "cudaLaunchKernel")]
-    notes = orjson.loads(con.execute("SELECT notes FROM ingest_log").fetchone()[0])
+    # each process drives a GPU of its own: one run per rank, in the order of their devices
+    first, second = ingest(con, [path])
+    assert first.events_read + second.events_read == 7
+    assert all(r.events_read == r.events_ingested + r.events_skipped for r in (first, second))
+    assert first.skipped_reasons == {"kernel without end": 1, "runtime call with unknown string id": 1}
+    assert (first.rank, second.rank) == (0, 1)
+    pairs = con.execute("SELECT run_id, pid, gpu_name, runtime_name FROM launches ORDER BY pid").fetchall()
+    assert pairs == [(first.run_id, 100, "k_a", "cudaLaunchKernel"), (second.run_id, 200, "k_b", "cudaLaunchKernel")]
+    notes = orjson.loads(con.execute("SELECT notes FROM ingest_log ORDER BY run_id").fetchone()[0])
     assert "relative" in notes["clock"] and "pid" in notes["correlation"]
     assert con.execute("SELECT name FROM threads WHERE pid = 100 AND tid = 100").fetchone()[0] == "main"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from tracekit import compression
 from tracekit import db as dbmod
 from tracekit.db import next_run_id
-from tracekit.ingest import runs
+from tracekit.ingest import processes, runs
 from tracekit.ingest.entities import fill_entities
 from tracekit.ingest.inputs import Input, classify, expand
 from tracekit.ingest.native import export_native, is_native
@@ -180,20 +180,24 @@ def _read(item: Input, options: dict) -> Part:
 def _ingest_run(con, main: Part, logs: list[Part], rank, label, started, align, offsets) -> list[IngestResult]:
     """One run: its files' rows in one transaction, then what is derived from them in another (see
     transaction.py); a failure anywhere leaves none of it behind."""
-    run_id = next_run_id(con)
-    with run_or_nothing(con, run_id):
+    run_ids = [next_run_id(con)]
+    with run_or_nothing(con, run_ids):
         offset = offsets.get(main.input.path, 0)
         while True:
             try:
                 with transaction(con):
-                    span, attached = _load(con, run_id, main, logs, offset, align, offsets)
+                    span, attached = _load(con, run_ids[0], main, logs, offset, align, offsets)
                 break
             except rows.Reload:
                 continue  # the loader learnt what it needs to read the file right: again, from scratch
         if offset:
             main.export.notes["applied_offset_ns"] = offset
         with transaction(con):
-            return _derive(con, run_id, main, attached, span, rank, label, started)
+            ranked = processes.rank_processes(con, run_ids[0]) if getattr(main.reader, "RANKS_BY_PROCESS", False) else []
+            if not ranked:
+                return _derive(con, run_ids[0], main, attached, span, rank, label, started)
+            run_ids[1:] = processes.split(con, run_ids[0], ranked)[1:]
+            return _derive_ranks(con, run_ids, ranked, main, attached, span, label, started)
 
 
 def _load(con, run_id: int, main: Part, logs: list[Part], offset: int, align: bool, offsets: dict):
@@ -233,8 +237,10 @@ def _insert(con, export: rows.Export, run_id: int, offset: int) -> None:
         dbmod.insert_rows(con, "run_metrics", run_id, ("name", "value", "unit", "args"), export.metrics)
 
 
-def _derive(con, run_id: int, main: Part, attached: list, span, rank, label, started: float) -> list[IngestResult]:
-    """Entities, each reader's own step, nesting, the runs row and one ingest_log row per file."""
+def _derive(con, run_id: int, main: Part, attached: list, span, rank, label, started: float, counts: int | None = None,
+            notes: dict | None = None, moved_out: int = 0) -> list[IngestResult]:
+    """Entities, each reader's own step, nesting, the runs row and one ingest_log row per file (per rank
+    of a file split by process: `counts` rows moved into this run, `moved_out` rows moved from it)."""
     fill_entities(con, run_id)
     for reader in dict.fromkeys([main.reader, *(log.reader for log, _, _ in attached)]):
         if hasattr(reader, "derive"):
@@ -242,14 +248,32 @@ def _derive(con, run_id: int, main: Part, attached: list, span, rank, label, sta
     compute_nesting(con, run_id)
     run = runs.run_row(main.export, label, rank)
     runs.insert_run(con, run_id, run, span or runs.window(con, run_id, run["format"]))
-    notes = {**main.export.notes, **main.input.notes}
+    notes = {**main.export.notes, **main.input.notes, **(notes or {})}
     if getattr(main.reader, "ATTACHABLE", False):
         notes["run"] = "a run of its own (no trace in the call to join)"
-    out = [runs.result(main.export, run_id, run["rank"], time.perf_counter() - started)]
+    out = [runs.result(main.export, run_id, run["rank"], time.perf_counter() - started, counts=counts,
+                       moved_out=moved_out)]  # fmt: skip
     runs.insert_log_row(con, out[0], notes)
     for log, note, seconds in attached:
         out.append(runs.result(log.export, run_id, run["rank"], seconds, note.get("alignment")))
         runs.insert_log_row(con, out[-1], {**note, **log.input.notes})
+    return out
+
+
+def _derive_ranks(con, run_ids: list[int], ranked: list, main: Part, attached: list, span, label, started: float):
+    """A file split into one run per rank (tracekit.ingest.processes): each run derived as a file of its
+    own; the file's counts of what was read and skipped stay with the first run, which keeps the rows
+    of processes without GPU work, and the others count the rows moved into them."""
+    base = label or runs.default_label(main.export.source)
+    moved = {run_id: processes.rows_in(con, run_id) for run_id in run_ids[1:]}
+    out = []
+    for index, (run_id, process) in enumerate(zip(run_ids, ranked)):
+        main.export.rank, main.export.rank_source, main.export.world_size = process.rank, process.rank_source, len(ranked)
+        notes = {"process": {"pid": process.pid, "devices": list(process.devices), "runs of the file": run_ids}}
+        results = _derive(con, run_id, main, attached if index == 0 else [], span, None, f"{base}[rank {process.rank}]",
+                          started, counts=None if index == 0 else moved[run_id], notes=notes,
+                          moved_out=sum(moved.values()) if index == 0 else 0)  # fmt: skip
+        out += results
     return out
 
 

@@ -85,9 +85,17 @@ def insert_run(con, run_id: int, run: dict, span: tuple[int | None, int | None])
     )  # fmt: skip
 
 
-def result(export, run_id: int, rank: int | None, seconds: float, alignment: dict | None = None) -> IngestResult:
-    """A file's reconciliation: every item read was ingested or skipped with a reason."""
-    read, skipped = sum(export.read.values()), sum(export.skipped.values())
+def result(export, run_id: int, rank: int | None, seconds: float, alignment: dict | None = None,
+           counts: int | None = None, moved_out: int = 0) -> IngestResult:
+    """A file's reconciliation: every item read was ingested or skipped with a reason. For a run split
+    from its file by process, `counts` is the rows moved into it (its share of what was read; no
+    skips, no bytes), and the file's first run keeps the rest (`moved_out` fewer)."""
+    if counts is not None:
+        return IngestResult(
+            run_id=run_id, source=str(export.source), format=export.format, bytes_read=0, events_read=counts,
+            events_ingested=counts, events_skipped=0, skipped_reasons={}, seconds=seconds, rank=rank, alignment=alignment,
+        )  # fmt: skip
+    read, skipped = sum(export.read.values()) - moved_out, sum(export.skipped.values())
     size = export.bytes_read if export.bytes_read is not None else Path(export.source).stat().st_size
     return IngestResult(
         run_id=run_id, source=str(export.source), format=export.format, bytes_read=size, events_read=read,

@@ -27,12 +27,13 @@ def transaction(con) -> Iterator[None]:
 
 
 @contextmanager
-def run_or_nothing(con, run_id: int) -> Iterator[None]:
-    """Everything of run `run_id` is deleted again when the block fails."""
+def run_or_nothing(con, run_ids: list[int]) -> Iterator[None]:
+    """Everything of the runs in `run_ids` is deleted again when the block fails (the block may add
+    run ids to the list: a file split into one run per rank)."""
     try:
         yield
     except BaseException:
         with transaction(con):
             for table in run_tables(con):
-                con.execute(f'DELETE FROM "{table}" WHERE run_id = ?', [run_id])
+                con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [list(run_ids)])
         raise
