@@ -43,7 +43,9 @@ CREATE OR REPLACE VIEW kernels(
     -- a communication kernel: NCCL/RCCL/MSCCL, vLLM/SGLang custom all-reduce (`cross_device_reduce`,
     -- `custom_all_reduce`), PyTorch symmetric-memory all-reduce/all-gather (`multimem_*`,
     -- `one_shot_all_reduce`, `two_shot_all_reduce`), TensorRT-LLM `oneShotAllReduce` /
-    -- `twoShotAllReduce`, DeepEP `deep_ep::` dispatch/combine
+    -- `twoShotAllReduce`, FlashInfer/TensorRT-LLM fused `allreduce_fusion_kernel`, DeepEP `deep_ep::`
+    -- dispatch/combine, NVSHMEM (`nvshmem`), MSCCL++ (`mscclpp`), TransformerEngine userbuffers
+    -- (`userbuffers_`)
     is_communication,
     -- the event's args
     args
@@ -61,7 +63,9 @@ SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlatio
         OR name ILIKE '%multimem_all_reduce%' OR name ILIKE '%multimem_one_shot%' OR name ILIKE '%multimem_all_gather%'
         OR name ILIKE '%one_shot_all_reduce%' OR name ILIKE '%two_shot_all_reduce%'
         OR name LIKE '%oneShotAllReduce%' OR name LIKE '%twoShotAllReduce%'
-        OR name LIKE '%deep_ep::%dispatch%' OR name LIKE '%deep_ep::%combine%'),
+        OR name LIKE '%deep_ep::%dispatch%' OR name LIKE '%deep_ep::%combine%'
+        OR name LIKE '%allreduce_fusion_kernel%' OR name ILIKE '%nvshmem%' OR name ILIKE '%mscclpp%'
+        OR name LIKE '%userbuffers_%'),
        args
 FROM events WHERE kind = 'kernel';
 

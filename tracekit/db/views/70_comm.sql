@@ -1,20 +1,25 @@
 -- Communication: every collective of every rank, with what it moved and on which process group.
 
 -- Bytes per element of a dtype as traces name it (`Float`, `BFloat16`, `c10::Half`, `float8_e4m3fn`,
--- `int64`, ...); NULL when unknown.
+-- `int64`, and the C type names of record_function input types: `long int`, `unsigned char`, ...);
+-- NULL when unknown.
 CREATE OR REPLACE MACRO dtype_bytes(dtype) AS
     CASE WHEN starts_with(lower(replace(dtype, 'c10::', '')), 'float8') THEN 1
          ELSE CASE lower(replace(dtype, 'c10::', ''))
               WHEN 'float' THEN 4 WHEN 'float32' THEN 4 WHEN 'double' THEN 8 WHEN 'float64' THEN 8
               WHEN 'half' THEN 2 WHEN 'float16' THEN 2 WHEN 'bfloat16' THEN 2
               WHEN 'int' THEN 4 WHEN 'int32' THEN 4 WHEN 'long' THEN 8 WHEN 'int64' THEN 8
+              WHEN 'long int' THEN 8 WHEN 'long long int' THEN 8 WHEN 'short int' THEN 2
+              WHEN 'unsigned char' THEN 1 WHEN 'signed char' THEN 1
               WHEN 'short' THEN 2 WHEN 'int16' THEN 2 WHEN 'char' THEN 1 WHEN 'int8' THEN 1
               WHEN 'byte' THEN 1 WHEN 'uint8' THEN 1 WHEN 'bool' THEN 1
               WHEN 'complexfloat' THEN 8 WHEN 'complexdouble' THEN 16 END END;
 
 -- One row per collective per rank: every communication kernel (`kernels.is_communication`) with
 -- the `record_param_comms` op that issued it, and every `record_param_comms` op that launched no
--- communication kernel (a `wait`, a CPU-side collective). A kernel's op is the one with its
+-- communication kernel (a `wait`, a CPU-side collective), and every `gloo:<collective>` range (gloo
+-- runs a collective on a worker thread of its own, without a kernel: the range spans the algorithm
+-- and the wait for the peers; its tensor's dims and type give the message). A kernel's op is the one with its
 -- `External id`; older Kineto gives kernels the correlation id as External id, so then it is the
 -- innermost op enclosing the kernel's launch call on the launching thread. The collective's
 -- parameters come from the kernel's args (newer Kineto copies them there), else the op's; its name
@@ -116,6 +121,10 @@ WITH ops AS (
     SELECT o.run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, o.event_id, o.ts_ns, o.end_ns, o.pid, o.tid,
            NULL, o.args
     FROM ops o WHERE o.event_id NOT IN (SELECT op_event_id FROM paired WHERE op_event_id IS NOT NULL)
+), gloo_ranges AS (
+    SELECT run_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, name, event_id, ts_ns, end_ns, pid, tid, NULL,
+           args
+    FROM events WHERE kind = 'user_annotation' AND starts_with(name, 'gloo:') AND dur_ns IS NOT NULL
 ), parameters AS (
     -- each args object parsed once: the parameter keys, in the order of described's columns
     SELECT p.*,
@@ -125,7 +134,7 @@ WITH ops AS (
            json_extract_string(op_args, ['$."Collective name"', '$."Process Group Name"',
                '$."Process Group Description"', '$."Process Group Ranks"', '$."Group size"', '$.dtype',
                '$."In msg nelems"', '$."Out msg nelems"']) AS o
-    FROM (SELECT * FROM paired UNION ALL SELECT * FROM lone_ops) p
+    FROM (SELECT * FROM paired UNION ALL SELECT * FROM lone_ops UNION ALL SELECT * FROM gloo_ranges) p
 ), described AS (
     SELECT * EXCLUDE (k, o, kernel_args, op_args),
            coalesce(k[1], o[1], substr(annotation, 6),
@@ -134,8 +143,10 @@ WITH ops AS (
            coalesce(k[3], o[3]) AS process_group_desc,
            coalesce(k[4], o[4]) AS group_ranks,
            TRY_CAST(coalesce(k[5], o[5]) AS INTEGER) AS group_size,
-           coalesce(k[6], o[6]) AS dtype,
-           TRY_CAST(coalesce(k[7], o[7]) AS BIGINT) AS in_nelems,
+           coalesce(k[6], o[6], CASE WHEN starts_with(annotation, 'gloo:') THEN op_args->'$."Input type"'->>0 END) AS dtype,
+           coalesce(TRY_CAST(coalesce(k[7], o[7]) AS BIGINT),
+                    CASE WHEN starts_with(annotation, 'gloo:')
+                         THEN CAST(list_product(CAST(op_args->'$."Input Dims"'->0 AS BIGINT[])) AS BIGINT) END) AS in_nelems,
            TRY_CAST(coalesce(k[8], o[8]) AS BIGINT) AS out_nelems
     FROM parameters
 )
