@@ -86,8 +86,10 @@ CREATE OR REPLACE MACRO host_blocking_small_htod_bytes() AS 65536;
 -- exempt (H001's `small_htod_bytes` option): which calls block decides which call a gap is charged
 -- to, so the threshold is an argument here, not a filter on the view. Same columns as `host_blocking`.
 --
--- Cost: one scan of the runtime calls, an equality join with the copies they issued, and one ASOF
--- lookup of each blocking call's return among the gaps of `gpu_busy` on the main device.
+-- Cost: one scan of the runtime calls, an equality join with the copies they issued, one ASOF
+-- lookup of each blocking call's return among the gaps of `gpu_busy` on the main device, two ASOF
+-- lookups of the critical thread's calls in `gpu_busy_layers`, and a join of the blocking calls with
+-- the user annotations and `nn.Module` frames of their thread.
 CREATE OR REPLACE MACRO host_blocking_exempting(small_htod_bytes) AS TABLE
 WITH _copies AS (
     SELECT l.run_id, l.runtime_event_id, first(l.gpu_name ORDER BY l.gpu_event_id) AS copy_name,
@@ -113,6 +115,42 @@ WITH _copies AS (
              WHEN contains(r.name, 'Async') AND contains(coalesce(c.copy_name, ''), 'Pageable') THEN 'pageable async memcpy'
            END AS blocking
     FROM runtime_calls r LEFT JOIN _copies c ON c.run_id = r.run_id AND c.runtime_event_id = r.event_id
+), _blocking AS (
+    -- the calls one op invocation makes (a pageable copy and its stream sync) block as one; a
+    -- top-level call is its own (negative keys never collide with the parents' event ids)
+    SELECT *, coalesce(parent_id, -1 - event_id) AS episode FROM _classified WHERE blocking IS NOT NULL
+), _episodes AS (
+    SELECT run_id, episode, arg_max(event_id, dur_ns) AS primary_event_id,
+           contains(coalesce(arg_max(copy_name, dur_ns), ''), 'DtoH') AS reads_data
+    FROM _blocking GROUP BY run_id, episode
+), _critical_thread AS (
+    SELECT m.run_id, m.device,
+           coalesce(l.pid, s.pid) AS pid, coalesce(l.tid, s.tid) AS tid
+    FROM main_device m
+    LEFT JOIN (SELECT f.run_id, f.pid, f.tid FROM first_launches f JOIN main_device d ON d.run_id = f.run_id AND d.device = f.device
+               GROUP BY f.run_id, f.pid, f.tid
+               QUALIFY row_number() OVER (PARTITION BY f.run_id ORDER BY count(*) DESC, f.pid, f.tid) = 1) l
+      ON l.run_id = m.run_id
+    LEFT JOIN (SELECT run_id, pid, tid FROM step_windows WHERE step_index = 0) s ON s.run_id = m.run_id
+), _critical_calls AS (
+    SELECT b.run_id, t.device, b.ts_ns AS start_ns, b.end_ns, b.event_id
+    FROM _blocking b JOIN _critical_thread t
+      ON t.run_id = b.run_id AND t.pid IS NOT DISTINCT FROM b.pid AND t.tid IS NOT DISTINCT FROM b.tid
+    WHERE t.device IS NOT NULL
+), _stalls AS (
+    SELECT event_id, end_ns - start_ns - busy_ns AS stalled_ns FROM gpu_busy_between('_critical_calls', 'all')
+), _annotated AS (
+    SELECT b.event_id, arg_max(regexp_replace(u.name, '#[0-9]+$', ''), u.depth) AS region
+    FROM _blocking b JOIN events u
+      ON u.run_id = b.run_id AND u.pid = b.pid AND u.tid = b.tid AND u.ts_ns <= b.ts_ns AND u.end_ns >= b.end_ns
+    WHERE u.kind = 'user_annotation' AND u.name NOT LIKE 'ProfilerStep#%'
+    GROUP BY b.event_id
+), _modules AS (
+    SELECT b.event_id, arg_max(f.name, f.depth) AS region
+    FROM _blocking b JOIN python_functions f
+      ON f.run_id = b.run_id AND f.pid = b.pid AND f.tid = b.tid AND f.ts_ns <= b.ts_ns AND f.end_ns >= b.end_ns
+    WHERE f.name LIKE 'nn.Module: %'
+    GROUP BY b.event_id
 ), _main_gaps AS (
     SELECT b.run_id, b.device, b.end_ns AS gap_start, b.end_ns + b.next_gap_ns AS gap_end
     FROM gpu_busy b JOIN main_device m ON m.run_id = b.run_id AND m.device = b.device
@@ -121,18 +159,29 @@ WITH _copies AS (
     SELECT c.*, g.device,
            CASE WHEN c.end_ns <= g.gap_end THEN g.gap_start END AS gap_start_ns,
            CASE WHEN c.end_ns <= g.gap_end THEN g.gap_end END AS gap_end_ns
-    FROM (SELECT * FROM _classified WHERE blocking IS NOT NULL) c
+    FROM _blocking c
     ASOF LEFT JOIN _main_gaps g ON c.run_id = g.run_id AND c.end_ns > g.gap_start
 ), _ranked AS (
     -- the waiting calls of a gap in the order they returned: the first one is charged
     SELECT *, ts_ns <= gap_start_ns AS waited,
            row_number() OVER (PARTITION BY run_id, gap_start_ns, ts_ns <= gap_start_ns ORDER BY end_ns, event_id) AS gap_rank
     FROM _placed
+), _charges AS (
+    SELECT e.run_id, e.primary_event_id AS event_id, sum(r.gap_end_ns - r.end_ns) AS charged_idle_ns
+    FROM _ranked r JOIN _episodes e ON e.run_id = r.run_id AND e.episode = r.episode
+    WHERE r.waited AND r.gap_rank = 1 AND NOT e.reads_data
+    GROUP BY e.run_id, e.primary_event_id
 )
 SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
        coalesce(p.name, '(top level)') AS site, r.copy_name, r.bytes, r.device, r.gap_start_ns, r.gap_end_ns,
-       CASE WHEN r.waited AND r.gap_rank = 1 THEN r.gap_end_ns - r.end_ns ELSE 0 END AS charged_idle_ns
-FROM _ranked r LEFT JOIN events p ON p.event_id = r.parent_id;
+       coalesce(ch.charged_idle_ns, 0) AS charged_idle_ns, coalesce(a.region, m.region) AS region,
+       st.event_id IS NOT NULL AS critical_thread, coalesce(st.stalled_ns, 0) AS stalled_ns
+FROM _ranked r
+LEFT JOIN events p ON p.event_id = r.parent_id
+LEFT JOIN _charges ch ON ch.run_id = r.run_id AND ch.event_id = r.event_id
+LEFT JOIN _annotated a ON a.event_id = r.event_id
+LEFT JOIN _modules m ON m.event_id = r.event_id
+LEFT JOIN _stalls st ON st.event_id = r.event_id;
 
 -- One row per blocking host call: a call that holds the launching thread until the GPU catches up:
 -- `cudaDeviceSynchronize`, `cudaStreamSynchronize`, `cudaEventSynchronize` and their `cu*`, `hip*` and
@@ -141,14 +190,28 @@ FROM _ranked r LEFT JOIN events p ON p.event_id = r.parent_id;
 -- synchronous memset (`sync memset`); an async copy whose device side touched pageable host memory,
 -- which the driver turns synchronous (`pageable async memcpy`).
 --
--- The GPU idle it is charged: every idle gap of the run's main device is charged ONCE, to the call
--- that waited for it, so sums over calls never count a gap twice. A call waited for a gap when it
--- started at or before the gap's start (the device drained while the call held its thread) and
--- returned inside the gap; of the calls that waited for one gap, the first to return is charged the
--- idle from its return to the gap's end (the GPU has nothing to do until the host enqueues again).
--- Every other call is charged 0: one that started with the device already idle returned at once and
--- blocked nothing (the host was doing something else while the GPU idled), as is one that returns
--- while the device is busy, before its first or after its last block.
+-- Two costs, kept apart because they are different time:
+--
+-- - GPU idle after the call (`charged_idle_ns`): the device waits for the host. Every idle gap of the
+--   run's main device is charged ONCE, so sums over calls never count a gap twice. A call waited for
+--   a gap when it started at or before the gap's start (the device drained while the call held its
+--   thread) and returned inside the gap; of the calls that waited for one gap, the first to return
+--   charges it: the idle from that return to the gap's end goes to the longest blocking call of the
+--   same op invocation (the pageable copy that held the thread for milliseconds, not the stream sync
+--   after it that waited for its last microseconds). A gap whose op invocation is a device-to-host
+--   copy (its longest call copies `DtoH`: `.cpu()`, a synchronous `cudaMemcpy` back) is charged to no
+--   call: the host asked for data and the idle after it is the host using it, a data dependency that
+--   G001 gpu-idle reports as host-caused idle, not a sync to remove. Every other call is charged 0:
+--   one that started with the device already idle returned at once and blocked nothing, as is one
+--   that returns while the device is busy.
+-- - Host time stalled in the call (`stalled_ns`): the part of a call on the run's critical thread
+--   (`critical_thread`: the thread that launched most of the main device's work, else the step
+--   thread) during which the main device ran nothing: neither the thread that feeds the device nor
+--   the device made progress (a wait on work of another device or stream's event, a pageable copy's
+--   staging before and after its transfer, a sync's wake-up). The call's whole duration (`dur_ns`)
+--   is not a cost by itself: while the device runs the work the host waits for, the wait is
+--   harmless when the device is the bottleneck, and a long transfer it waits for is the transfer's
+--   time (rule G004 transfer-bound).
 CREATE OR REPLACE VIEW host_blocking(
     -- the run
     run_id,
@@ -183,8 +246,19 @@ CREATE OR REPLACE VIEW host_blocking(
     gap_start_ns,
     -- end of that gap
     gap_end_ns,
-    -- GPU idle charged to this call (see above): gap_end_ns - end_ns for the call a gap is charged
-    -- to, else 0
-    charged_idle_ns
+    -- GPU idle charged to this call (see above): for the longest blocking call of an op invocation that
+    -- waited for a gap, from the waiting call's return to the gap's end; 0 for every other call
+    charged_idle_ns,
+    -- the innermost region the call ran in: the enclosing user annotation (`record_function`, NVTX
+    -- range; a trailing `#N` dropped, `ProfilerStep#N` skipped: it names the step, not the code) of
+    -- greatest depth on the call's thread, else the innermost `nn.Module: ...` Python frame; NULL when
+    -- neither encloses it. A site is the region and the op: `## sparse_data_dist ##` says which part
+    -- of the step copies, `aten::copy_` only how
+    region,
+    -- whether the call ran on the run's critical thread (see above)
+    critical_thread,
+    -- on the critical thread, the part of the call with the main device idle (see above); 0 on other
+    -- threads
+    stalled_ns
 ) AS
 SELECT * FROM host_blocking_exempting(host_blocking_small_htod_bytes());
