@@ -14,8 +14,11 @@ A site has two costs, reported apart (`host_blocking` defines both):
 - GPU idle after its calls: each idle gap of the run's main device is charged once, to the op
   invocation that was waiting when the device drained (its longest blocking call: the pageable copy,
   not the stream sync after it), from the return until the next GPU work. A call that starts with
-  the GPU already idle returns at once and costs nothing; a device-to-host copy is charged nothing,
-  since the host waited for data it then uses (G001 reports that idle).
+  the GPU already idle returns at once and costs nothing. A device-to-host copy of more than
+  `host_blocking_read_bytes()` (64 KiB) is charged nothing: the host waited for data it then works
+  on, and the idle after it is that work (G001 gpu-idle reports it; on the MPI SAXPY trace of the
+  corpus it is the MPI exchange of each iteration's 262 MB result), whereas a read of a few bytes
+  (`.item()`) is a check that can be read a step late.
 - Host time stalled in its calls: the part of the calls on the critical thread (the one that
   launches the main device's work) during which the device ran nothing either: the step is
   waiting on a queue elsewhere, a pageable copy's staging, a sync's wake-up.

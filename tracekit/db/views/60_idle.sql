@@ -82,12 +82,19 @@ FROM ended e ASOF LEFT JOIN step_windows s ON e.run_id = s.run_id AND e.start_ns
 -- them): the driver stages them through a pinned buffer and returns at once.
 CREATE OR REPLACE MACRO host_blocking_small_htod_bytes() AS 65536;
 
+-- Device-to-host copies larger than this many bytes carry data the host then works on, not a value
+-- it checks: the GPU idle after such a copy is that work (a data dependency G001 gpu-idle reports),
+-- not a sync to remove, so `host_blocking` charges it to no call. A read of a few bytes (`.item()`,
+-- `.tolist()` of a flag or a count) decides control flow and can be deferred or kept on the device.
+-- Same bound as the small host-to-device copies: one staging chunk of the driver.
+CREATE OR REPLACE MACRO host_blocking_read_bytes() AS 65536;
+
 -- The rows of `host_blocking` with another size up to which synchronous host-to-device copies are
 -- exempt (H001's `small_htod_bytes` option): which calls block decides which call a gap is charged
 -- to, so the threshold is an argument here, not a filter on the view. Same columns as `host_blocking`.
 --
 -- Cost: one scan of the runtime calls, an equality join with the copies they issued, one ASOF
--- lookup of each blocking call's return among the gaps of `gpu_busy` on the main device, two ASOF
+-- lookup of each blocking call's return among the gaps of `idle_gaps` on the main device, two ASOF
 -- lookups of the critical thread's calls in `gpu_busy_layers`, and a join of the blocking calls with
 -- the user annotations and `nn.Module` frames of their thread.
 CREATE OR REPLACE MACRO host_blocking_exempting(small_htod_bytes) AS TABLE
@@ -121,26 +128,32 @@ WITH _copies AS (
     SELECT *, coalesce(parent_id, -1 - event_id) AS episode FROM _classified WHERE blocking IS NOT NULL
 ), _episodes AS (
     SELECT run_id, episode, arg_max(event_id, dur_ns) AS primary_event_id,
-           contains(coalesce(arg_max(copy_name, dur_ns), ''), 'DtoH') AS reads_data
+           contains(coalesce(arg_max(copy_name, dur_ns), ''), 'DtoH')
+             AND coalesce(arg_max(bytes, dur_ns), 0) > host_blocking_read_bytes() AS reads_data
     FROM _blocking GROUP BY run_id, episode
-), _critical_thread AS (
-    SELECT m.run_id, m.device,
-           coalesce(l.pid, s.pid) AS pid, coalesce(l.tid, s.tid) AS tid
-    FROM main_device m
-    LEFT JOIN (SELECT f.run_id, f.pid, f.tid FROM first_launches f JOIN main_device d ON d.run_id = f.run_id AND d.device = f.device
-               GROUP BY f.run_id, f.pid, f.tid
-               QUALIFY row_number() OVER (PARTITION BY f.run_id ORDER BY count(*) DESC, f.pid, f.tid) = 1) l
-      ON l.run_id = m.run_id
-    LEFT JOIN (SELECT run_id, pid, tid FROM step_windows WHERE step_index = 0) s ON s.run_id = m.run_id
+), _critical_threads AS (
+    -- the thread that launched most of the main device's work, and the step thread: in training the
+    -- autograd thread launches the backward pass, the step thread everything else
+    SELECT run_id, pid, tid FROM (
+        SELECT f.run_id, f.pid, f.tid FROM first_launches f JOIN main_device d ON d.run_id = f.run_id AND d.device = f.device
+        GROUP BY f.run_id, f.pid, f.tid
+        QUALIFY row_number() OVER (PARTITION BY f.run_id ORDER BY count(*) DESC, f.pid, f.tid) = 1)
+    UNION
+    SELECT run_id, pid, tid FROM step_windows
 ), _critical_calls AS (
-    SELECT b.run_id, t.device, b.ts_ns AS start_ns, b.end_ns, b.event_id
-    FROM _blocking b JOIN _critical_thread t
-      ON t.run_id = b.run_id AND t.pid IS NOT DISTINCT FROM b.pid AND t.tid IS NOT DISTINCT FROM b.tid
-    WHERE t.device IS NOT NULL
+    SELECT b.run_id, m.device, b.ts_ns AS start_ns, b.end_ns, b.event_id
+    FROM _blocking b
+    JOIN main_device m ON m.run_id = b.run_id
+    WHERE m.device IS NOT NULL AND EXISTS (
+        SELECT 1 FROM _critical_threads t
+        WHERE t.run_id = b.run_id AND t.pid IS NOT DISTINCT FROM b.pid AND t.tid IS NOT DISTINCT FROM b.tid)
 ), _stalls AS (
     SELECT event_id, end_ns - start_ns - busy_ns AS stalled_ns FROM gpu_busy_between('_critical_calls', 'all')
 ), _annotated AS (
-    SELECT b.event_id, arg_max(regexp_replace(u.name, '#[0-9]+$', ''), u.depth) AS region
+    -- a live object's address (`<lambda> object at 0x7efb...`) or a `#N` counter would make one region
+    -- per call
+    SELECT b.event_id, arg_max(regexp_replace(regexp_replace(u.name, ' at 0x[0-9a-fA-F]+', ''), '#[0-9]+$', ''), u.depth)
+             AS region
     FROM _blocking b JOIN events u
       ON u.run_id = b.run_id AND u.pid = b.pid AND u.tid = b.tid AND u.ts_ns <= b.ts_ns AND u.end_ns >= b.end_ns
     WHERE u.kind = 'user_annotation' AND u.name NOT LIKE 'ProfilerStep#%'
@@ -152,13 +165,13 @@ WITH _copies AS (
     WHERE f.name LIKE 'nn.Module: %'
     GROUP BY b.event_id
 ), _main_gaps AS (
-    SELECT b.run_id, b.device, b.end_ns AS gap_start, b.end_ns + b.next_gap_ns AS gap_end
-    FROM gpu_busy b JOIN main_device m ON m.run_id = b.run_id AND m.device = b.device
-    WHERE b.next_gap_ns > 0
+    SELECT g.run_id, g.device, g.start_ns AS gap_start, g.end_ns AS gap_end, g.cause
+    FROM idle_gaps g JOIN main_device m ON m.run_id = g.run_id AND m.device = g.device
 ), _placed AS (
     SELECT c.*, g.device,
            CASE WHEN c.end_ns <= g.gap_end THEN g.gap_start END AS gap_start_ns,
-           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_end END AS gap_end_ns
+           CASE WHEN c.end_ns <= g.gap_end THEN g.gap_end END AS gap_end_ns,
+           CASE WHEN c.end_ns <= g.gap_end THEN g.cause END AS gap_cause
     FROM _blocking c
     ASOF LEFT JOIN _main_gaps g ON c.run_id = g.run_id AND c.end_ns > g.gap_start
 ), _ranked AS (
@@ -169,7 +182,7 @@ WITH _copies AS (
 ), _charges AS (
     SELECT e.run_id, e.primary_event_id AS event_id, sum(r.gap_end_ns - r.end_ns) AS charged_idle_ns
     FROM _ranked r JOIN _episodes e ON e.run_id = r.run_id AND e.episode = r.episode
-    WHERE r.waited AND r.gap_rank = 1 AND NOT e.reads_data
+    WHERE r.waited AND r.gap_rank = 1 AND r.gap_cause = 'host' AND NOT e.reads_data
     GROUP BY e.run_id, e.primary_event_id
 )
 SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
@@ -190,28 +203,31 @@ LEFT JOIN _stalls st ON st.event_id = r.event_id;
 -- synchronous memset (`sync memset`); an async copy whose device side touched pageable host memory,
 -- which the driver turns synchronous (`pageable async memcpy`).
 --
--- Two costs, kept apart because they are different time:
+-- Two costs, kept apart because they are different time (H001 host-sync reports the larger):
 --
 -- - GPU idle after the call (`charged_idle_ns`): the device waits for the host. Every idle gap of the
---   run's main device is charged ONCE, so sums over calls never count a gap twice. A call waited for
---   a gap when it started at or before the gap's start (the device drained while the call held its
---   thread) and returned inside the gap; of the calls that waited for one gap, the first to return
---   charges it: the idle from that return to the gap's end goes to the longest blocking call of the
---   same op invocation (the pageable copy that held the thread for milliseconds, not the stream sync
---   after it that waited for its last microseconds). A gap whose op invocation is a device-to-host
---   copy (its longest call copies `DtoH`: `.cpu()`, a synchronous `cudaMemcpy` back) is charged to no
---   call: the host asked for data and the idle after it is the host using it, a data dependency that
---   G001 gpu-idle reports as host-caused idle, not a sync to remove. Every other call is charged 0:
---   one that started with the device already idle returned at once and blocked nothing, as is one
---   that returns while the device is busy.
+--   run's main device is charged at most ONCE, so sums over calls never count a gap twice. A call
+--   waited for a gap when it started at or before the gap's start (the device drained while the call
+--   held its thread) and returned inside the gap. Only a gap the host ended is charged
+--   (`idle_gaps.cause` = `host`: the launch of the work after it returned after the gap began); one
+--   that queued work or a missing launch record ended did not wait for the host. Of the calls that
+--   waited for a gap, the first to return charges it: the idle from that return to the gap's end goes
+--   to the longest blocking call of the same op invocation (the pageable copy that held the thread
+--   for milliseconds, not the stream sync after it that waited for its last microseconds). A gap
+--   whose op invocation reads data back (its longest call copies device-to-host more than
+--   `host_blocking_read_bytes()`: a `.cpu()` of a tensor, a synchronous `cudaMemcpy` of a result)
+--   is charged to no call: the idle after it is the host using that data, a data dependency that
+--   G001 gpu-idle reports as host-caused idle. Every other call is charged 0: one that started with
+--   the device already idle returned at once and blocked nothing, as is one that returns while the
+--   device is busy.
 -- - Host time stalled in the call (`stalled_ns`): the part of a call on the run's critical thread
---   (`critical_thread`: the thread that launched most of the main device's work, else the step
+--   (`critical_thread`: the thread that launched most of the main device's work, and the step
 --   thread) during which the main device ran nothing: neither the thread that feeds the device nor
---   the device made progress (a wait on work of another device or stream's event, a pageable copy's
---   staging before and after its transfer, a sync's wake-up). The call's whole duration (`dur_ns`)
---   is not a cost by itself: while the device runs the work the host waits for, the wait is
---   harmless when the device is the bottleneck, and a long transfer it waits for is the transfer's
---   time (rule G004 transfer-bound).
+--   the device made progress (a wait on another stream's or device's work, a pageable copy's staging
+--   before and after its transfer, a sync's wake-up). The call's whole duration (`dur_ns`) is not a
+--   cost by itself: while the device runs the work the host waits for, the wait is harmless when the
+--   device is the bottleneck, and a long transfer it waits for is the transfer's time (rule G004
+--   transfer-bound).
 CREATE OR REPLACE VIEW host_blocking(
     -- the run
     run_id,
@@ -250,7 +266,8 @@ CREATE OR REPLACE VIEW host_blocking(
     -- waited for a gap, from the waiting call's return to the gap's end; 0 for every other call
     charged_idle_ns,
     -- the innermost region the call ran in: the enclosing user annotation (`record_function`, NVTX
-    -- range; a trailing `#N` dropped, `ProfilerStep#N` skipped: it names the step, not the code) of
+    -- range; a trailing `#N` and object addresses dropped, `ProfilerStep#N` skipped: it names the
+    -- step, not the code) of
     -- greatest depth on the call's thread, else the innermost `nn.Module: ...` Python frame; NULL when
     -- neither encloses it. A site is the region and the op: `## sparse_data_dist ##` says which part
     -- of the step copies, `aten::copy_` only how
