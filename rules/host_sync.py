@@ -19,9 +19,10 @@ A site has two costs, reported apart (`host_blocking` defines both):
   on, and the idle after it is that work (G001 gpu-idle reports it; on the MPI SAXPY trace of the
   corpus it is the MPI exchange of each iteration's 262 MB result), whereas a read of a few bytes
   (`.item()`) is a check that can be read a step late.
-- Host time stalled in its calls: the part of the calls on the critical thread (the one that
-  launches the main device's work) during which the device ran nothing either: the step is
-  waiting on a queue elsewhere, a pageable copy's staging, a sync's wake-up.
+- Host time stalled in its calls: the part of the calls on a critical thread (the one that
+  launches most of the main device's work, and the step thread) during which the device ran
+  nothing either: the step is waiting on a queue elsewhere, a pageable copy's staging, a sync's
+  wake-up.
 
 Severity and impact follow the larger of the two: each is step time lost (the device waiting for
 the host after the call, or both waiting during it), and they are not added because a gap's idle
