@@ -11,18 +11,19 @@ thread, the call, the region it ran in (the innermost user annotation or `nn.Mod
 
 A site has two costs, reported apart (`host_blocking` defines both):
 
-- GPU idle after its calls: each idle gap of the run's main device is charged once, to the op
-  invocation that was waiting when the device drained (its longest blocking call: the pageable copy,
-  not the stream sync after it), from the return until the next GPU work. A call that starts with
+- GPU idle after its calls: each idle gap of the run's main device that the host ended is charged
+  once, to the op invocation that was waiting when the device drained (its longest blocking call:
+  the pageable copy, not the stream sync after it), from the return until the next GPU work. A gap
+  that queued work or a missing launch record ended is charged to no call. A call that starts with
   the GPU already idle returns at once and costs nothing. A device-to-host copy of more than
   `host_blocking_read_bytes()` (64 KiB) is charged nothing: the host waited for data it then works
   on, and the idle after it is that work (G001 gpu-idle reports it; on the MPI SAXPY trace of the
   corpus it is the MPI exchange of each iteration's 262 MB result), whereas a read of a few bytes
   (`.item()`) is a check that can be read a step late.
-- Host time stalled in its calls: the part of the calls on a critical thread (the one that
-  launches most of the main device's work, and the step thread) during which the device ran
-  nothing either: the step is waiting on a queue elsewhere, a pageable copy's staging, a sync's
-  wake-up.
+- Host time stalled in its calls: the part of the calls on a critical thread (one that launches
+  work on the main device: the step's thread, the autograd thread of a training step) during which
+  the device ran nothing either: the step is waiting on a queue elsewhere, a pageable copy's
+  staging, a sync's wake-up.
 
 Severity and impact follow the larger of the two: each is step time lost (the device waiting for
 the host after the call, or both waiting during it), and they are not added because a gap's idle
@@ -136,7 +137,7 @@ def _finding(ctx, run, params, s) -> Finding:
     implicit = s.blocking == "sync"
     calls = f"{s.charged_calls} of {s.calls}" if 0 < s.charged_calls < s.calls else f"{s.calls}"
     where = f"{s.region} / {s.site}" if s.region and s.region != s.site else s.site
-    thread = "main thread" if s.critical_thread else "thread"
+    thread = "launching thread" if s.critical_thread else "thread"
     host = f"{thread} blocked {duration(s.blocked_ns)} in them" + (
         f", {duration(stalled)} of it with the GPU idle" if stalled else ""
     )
