@@ -99,3 +99,21 @@ def test_host_link_table():
     assert host_link("NVIDIA GH200 480GB").name == "NVLink-C2C"  # not the H200 its name contains
     assert host_link("Tesla V100-SXM2-16GB").gb_per_s == pytest.approx(15.75)
     assert host_link("AMD Radeon Graphics") is None and host_link(None) is None
+
+
+def test_unknown_device_compares_pageable_with_pinned():
+    # a device the link table does not know (no device properties): the pinned copies of the same run are the
+    # yardstick, and the finding says the link is unknown
+    from tests.test_views import make_run
+
+    def copy(name, ts, dur, nbytes):
+        return {"kind": "gpu_memcpy", "name": name, "ts": ts, "dur": dur, "args": {"bytes": nbytes}}
+
+    con = make_run([
+        copy("Memcpy HtoD (Pageable -> Device)", 0, 1000, 4000), copy("Memcpy HtoD (Pinned -> Device)", 1000, 100, 4000),
+        {"kind": "kernel", "name": "k", "ts": 1100, "dur": 10},
+    ])  # fmt: skip
+    [f] = run_rule(con, "G004")[0]
+    assert f.extra["link"] is None and any("link" in c and "unknown" in c for c in f.caveats)
+    assert "pinned copies of this run: 40.0 GB/s; host link unknown" in f.title
+    assert [d["achieved_gbps"] for d in f.extra["directions"]] == [4.0, 40.0]
