@@ -245,10 +245,9 @@ LEFT JOIN _stalls st ON st.event_id = r.event_id;
 --   training the autograd thread of the backward pass) during which the main device ran nothing:
 --   neither the thread that feeds the device nor the device made progress (a wait on another
 --   stream's or device's work, a pageable copy's staging before and after its transfer, a sync's
---   wake-up). The call's whole duration (`dur_ns`) is not a
---   cost by itself: while the device runs the work the host waits for, the wait is harmless when the
---   device is the bottleneck, and a long transfer it waits for is the transfer's time (rule G004
---   transfer-bound).
+--   wake-up). The call's whole duration (`dur_ns`) is not a cost by itself: while the device runs the
+--   work the host waits for, the wait is harmless when the device is the bottleneck, and a long
+--   transfer it waits for is the transfer's time (rule G004 transfer-bound).
 CREATE OR REPLACE VIEW host_blocking(
     -- the run
     run_id,
@@ -288,10 +287,9 @@ CREATE OR REPLACE VIEW host_blocking(
     charged_idle_ns,
     -- the innermost region the call ran in: the enclosing user annotation (`record_function`, NVTX
     -- range; a trailing `#N` and object addresses dropped, `ProfilerStep#N` skipped: it names the
-    -- step, not the code) of
-    -- greatest depth on the call's thread, else the innermost `nn.Module: ...` Python frame; NULL when
-    -- neither encloses it. A site is the region and the op: `## sparse_data_dist ##` says which part
-    -- of the step copies, `aten::copy_` only how
+    -- step, not the code) of greatest depth on the call's thread, else the innermost `nn.Module: ...`
+    -- Python frame; NULL when neither encloses it. A site is the region and the op:
+    -- `## sparse_data_dist ##` says which part of the step copies, `aten::copy_` only how
     region,
     -- whether the call ran on a critical thread: one that launched work on the main device (see above)
     critical_thread,
