@@ -5,11 +5,31 @@ Finds runtime calls that block the launching CPU thread until the GPU catches up
 same call site: `cudaDeviceSynchronize`, `cudaStreamSynchronize`, `cudaEventSynchronize` (and
 their `hip*`/`cu*` forms), synchronous `cudaMemcpy`/`cudaMemset`, and async copies into pageable
 host memory (which the driver turns synchronous): the `host_blocking` view. A call site is the
-thread, the call and the op or Python frame that issued it (e.g. `aten::_local_scalar_dense`, i.e.
-`tensor.item()`), so the finding names the line of code to change. A site's cost is the GPU idle
-`host_blocking` charges its calls: each idle gap of the run's main device once, to the call that
-was waiting when the device drained, from that call's return until the next GPU work. A call that
-starts with the GPU already idle returns at once and costs nothing.
+thread, the call, the region it ran in (the innermost user annotation or `nn.Module`, e.g.
+`## sparse_data_dist ##`) and the op that issued it (e.g. `aten::_local_scalar_dense`, i.e.
+`tensor.item()`), so the finding names the part of the step and the line of code to change.
+
+A site has two costs, reported apart (`host_blocking` defines both):
+
+- GPU idle after its calls: each idle gap of the run's main device that the host ended is charged
+  once, to the op invocation that was waiting when the device drained (its longest blocking call:
+  the pageable copy, not the stream sync after it), from the return until the next GPU work. A gap
+  that queued work or a missing launch record ended is charged to no call. A call that starts with
+  the GPU already idle returns at once and costs nothing. A device-to-host copy of more than
+  `host_blocking_read_bytes()` (64 KiB) is charged nothing: the host waited for data it then works
+  on, and the idle after it is that work (G001 gpu-idle reports it; on the MPI SAXPY trace of the
+  corpus it is the MPI exchange of each iteration's 262 MB result), whereas a read of a few bytes
+  (`.item()`) is a check that can be read a step late.
+- Host time stalled in its calls: the part of the calls on a critical thread (one that launches
+  work on the main device: the step's thread, the autograd thread of a training step) during which
+  the device ran nothing either: the step is waiting on a queue elsewhere, a pageable copy's
+  staging, a sync's wake-up.
+
+Severity and impact follow the larger of the two: each is step time lost (the device waiting for
+the host after the call, or both waiting during it), and they are not added because a gap's idle
+after one call can hold the next call's stall. The time the host is blocked while the device works
+is shown, but is not a cost: when the device is the bottleneck that wait is harmless, and a long
+transfer it waits for is the transfer's time (G004 transfer-bound reports copies that dominate).
 
 ## Why it matters
 While the host waits it enqueues nothing, so the GPU drains its queue and then idles until the
@@ -20,18 +40,17 @@ Mirrors the nsys expert rules `cuda_api_sync`, `cuda_memcpy_sync` and `cuda_memc
 
 ## Example
 On the H200 eager decode sample (`sample_traces/gpu_prefill_decode_eager.json.gz`):
-`cudaStreamSynchronize` 32 times from `aten::_local_scalar_dense` (`tensor.item()`) on the main
-thread, a per-step `if (next_token == eos).all().item(): break`; after each return the GPU waits
-~0.2 ms for the host to enqueue the next step, 6.9 ms of a 305 ms window.
+`cudaStreamSynchronize` 32 times from `aten::_local_scalar_dense` (`tensor.item()`) in
+`decode_step` on the main thread, a per-step `if (next_token == eos).all().item(): break`; after
+each return the GPU waits ~0.2 ms for the host to enqueue the next step, 6.9 ms of a 305 ms window.
 
 Use instead: check the stop condition every N steps, or on a side stream with a pinned host buffer
 and `non_blocking=True`, and read it one step late.
 
 ## Options
 - `min_calls` (3): a site must repeat this often to count as steady state.
-- `min_share` (0.005): report sites whose cost, the GPU idle charged to their calls, is at least
-  this share of the run's window. (Time the host spends blocked is not the cost: the GPU is busy
-  then, and when it is the bottleneck the wait is harmless.)
+- `min_share` (0.005): report sites whose cost (the larger of the GPU idle after their calls and
+  the critical thread's stall in them) is at least this share of the run's window.
 - `small_htod_bytes` (65536): synchronous host-to-device copies up to this size are exempt (as in nsys).
 - `critical_share` (0.1): severity critical when a site's cost is at least this share of the run's
   window.
@@ -47,27 +66,29 @@ from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
 from tracekit.units import duration
 
-# The run's repeated blocking call sites (thread, call, issuing op or frame) over the thresholds.
+# The run's repeated blocking call sites (thread, call, region, issuing op) over the thresholds.
 SITES_SQL = """
-SELECT pid, tid, call, site, any_value(blocking) AS blocking, count(*) AS calls,
-       count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
-       min(ts_ns) AS first_ns, max(end_ns) AS last_ns, arg_max(event_id, dur_ns) AS worst_event_id,
-       list(event_id ORDER BY charged_idle_ns DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
+SELECT pid, tid, call, region, site, any_value(blocking) AS blocking, bool_or(critical_thread) AS critical_thread,
+       count(*) AS calls, count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
+       sum(stalled_ns) AS stalled_ns, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
+       arg_max(event_id, dur_ns) AS worst_event_id,
+       list(event_id ORDER BY greatest(charged_idle_ns, stalled_ns) DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
        median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
 FROM host_blocking_exempting($small_htod_bytes) WHERE run_id = $run_id
-GROUP BY pid, tid, call, site
-HAVING count(*) >= $min_calls AND sum(charged_idle_ns) >= $min_share * $window
-ORDER BY sum(charged_idle_ns) DESC, site, call
+GROUP BY pid, tid, call, region, site
+HAVING count(*) >= $min_calls AND greatest(sum(charged_idle_ns), sum(stalled_ns)) >= $min_share * $window
+ORDER BY greatest(sum(charged_idle_ns), sum(stalled_ns)) DESC, region, site, call
 """
 
-# The evidence query: the GPU idle charged to one site, its calls and the time they blocked the host.
+# The evidence query: one site's two costs (GPU idle after its calls, the critical thread's stall in
+# them), its calls and the time they blocked the host.
 SITE_SQL = """
-SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, count(*) AS calls,
+SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, sum(stalled_ns) AS stalled_ns, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS host_blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns
 FROM host_blocking_exempting($small_htod_bytes)
 WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
-  AND site = $site
+  AND region IS NOT DISTINCT FROM $region AND site = $site
 """
 
 
@@ -79,10 +100,13 @@ WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT
     requires=("runtime_calls",),
     params={
         "min_calls": Param(3, "a site must repeat at least this often", "calls"),
-        "min_share": Param(0.005, "smallest share of the run window worth reporting", "ratio"),
+        "min_share": Param(0.005, "smallest share of the run window worth reporting (the larger cost)", "ratio"),
         "small_htod_bytes": Param(65536, "sync HtoD copies up to this size are exempt", "bytes"),
         **share_params(
-            "the GPU idle time charged to the site's calls over the run window", critical=0.10, warning=0.02
+            "the site's cost (the larger of the GPU idle after its calls and the critical thread's stall in "
+            "them) over the run window",
+            critical=0.10,
+            warning=0.02,
         ),
     },
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
@@ -108,31 +132,40 @@ def check(con, params, ctx):
 
 
 def _finding(ctx, run, params, s) -> Finding:
-    cost = int(s.gpu_idle_after_ns)
+    idle, stalled = int(s.gpu_idle_after_ns), int(s.stalled_ns)
+    cost = max(idle, stalled)
     implicit = s.blocking == "sync"
-    calls = f"{s.charged_calls} of {s.calls}" if s.charged_calls < s.calls else f"{s.calls}"
+    calls = f"{s.charged_calls} of {s.calls}" if 0 < s.charged_calls < s.calls else f"{s.calls}"
+    where = f"{s.region} / {s.site}" if s.region and s.region != s.site else s.site
+    thread = "launching thread" if s.critical_thread else "thread"
+    host = f"{thread} blocked {duration(s.blocked_ns)} in them" + (
+        f", {duration(stalled)} of it with the GPU idle" if stalled else ""
+    )
+    gpu = f"GPU idle {duration(idle)} after them" if idle else ""
+    costs = [host, gpu] if stalled > idle else [gpu, host]
+    title = f"{s.calls} blocking {s.call} ({s.blocking}) in {where}: " + "; ".join(c for c in costs if c)
+    launch = {"call": s.call, **({"region": s.region} if s.region else {})}
     return Finding(
         rule="H001",
         severity=by_share(cost / run.window_ns, params),
         confidence=0.9 if implicit else 0.8,
-        title=(
-            f"GPU idle {duration(cost)} after {calls} blocking {s.call} ({s.blocking}) "
-            f"from {s.site} (host blocked {duration(s.blocked_ns)} in them)"
-        ),
+        title=title,
         locality=locality(
             run,
             **ctx.thread(run.run_id, s.pid, s.tid),
             op=s.site,
             code_path=ctx.code_path(s.worst_event_id),
             window_ns=[s.first_ns, s.last_ns],
-            launch={"call": s.call},
+            launch=launch,
         ),
         observed=Quantity(
             cost,
             "ns",
-            f"GPU idle on the main device from the return of {calls} calls (those that were "
-            f"waiting when the GPU drained, each gap counted once) until the next GPU work; the host was blocked "
-            f"{duration(s.blocked_ns)} in the calls (median {duration(s.median_ns)}), waiting for the GPU",
+            f"the larger of two costs: GPU idle on the main device from the return of {calls} calls (the op "
+            f"invocations waiting when the GPU drained, each gap counted once) until the next GPU work, "
+            f"{duration(idle)}; and the time the {thread} was blocked in the calls with the main device idle "
+            f"too, {duration(stalled)}. The host was blocked {duration(s.blocked_ns)} in all "
+            f"(median {duration(s.median_ns)} per call)",
         ),
         expected=Quantity(0, "ns", "no blocking call inside the steady-state loop"),
         impact_ns=cost,
@@ -143,23 +176,53 @@ def _finding(ctx, run, params, s) -> Finding:
             "pid": s.pid,
             "tid": s.tid,
             "call": s.call,
+            "region": s.region,
             "site": s.site,
             "small_htod_bytes": params["small_htod_bytes"],
         },
         sample_event_ids=s.sample_event_ids,
         hypothesis=(
-            f"{s.site} forces the host to wait for the GPU every time it runs "
+            f"{where} forces the host to wait for the GPU every time it runs "
             f"({'an implicit sync such as .item()/.cpu()/.tolist()' if implicit else s.blocking}); "
-            "while it waits nothing is enqueued, so the GPU idles after each call."
+            + (
+                "while it waits the device has nothing to run either, so the step waits on both."
+                if stalled > idle
+                else "while it waits nothing is enqueued, so the GPU idles after each call."
+            )
         ),
-        next_experiment=(
-            "Run the loop with `torch.cuda.set_sync_debug_mode('warn')` to get the Python line of each "
-            "implicit sync, then move the check off the per-step path (read the value one step late "
-            "through a pinned buffer with non_blocking=True) and re-profile."
-        ),
+        next_experiment=next_experiment(s.blocking),
         acceptance=rerun(
             "trace",
-            f"calls at this site drop to 0 (or below {params['min_calls']}) and rule G001 reports less idle time "
-            "on the stream it fed.",
+            f"calls at this site drop to 0 (or below {params['min_calls']}), or both costs fall below "
+            f"{params['min_share']:.1%} of the window, and rule G001 reports less idle time on the stream it fed.",
         ),
+        extra={
+            "region": s.region,
+            "gpu_idle_after_ns": idle,
+            "stalled_ns": stalled,
+            "host_blocked_ns": int(s.blocked_ns),
+            "critical_thread": bool(s.critical_thread),
+            "cost": "host_stall" if stalled > idle else "gpu_idle",
+        },
+    )
+
+
+def next_experiment(blocking: str) -> str:
+    """What to try for a site, by how its calls block."""
+    if blocking == "pageable async memcpy":
+        return (
+            "Copy through pinned host memory (`pin_memory()`, or a preallocated pinned buffer reused per step) "
+            "with `non_blocking=True`, on a side stream if the copy must overlap compute, and consume the result "
+            "after an event instead of right away; re-profile and check the calls are gone from this site."
+        )
+    if blocking == "sync memcpy":
+        return (
+            "Replace the synchronous copy with an async one from/to pinned host memory (`cudaMemcpyAsync` with "
+            "`cudaMallocHost` buffers, or `non_blocking=True` in PyTorch) and synchronise on an event only where "
+            "the data is used; re-profile."
+        )
+    return (
+        "Run the loop with `torch.cuda.set_sync_debug_mode('warn')` to get the Python line of each "
+        "implicit sync, then move the check off the per-step path (read the value one step late "
+        "through a pinned buffer with non_blocking=True) and re-profile."
     )
