@@ -47,15 +47,16 @@ from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
 from tracekit.units import duration
 
-# The run's repeated blocking call sites (thread, call, issuing op or frame) over the thresholds.
+# The run's repeated blocking call sites (thread, call, issuing op or frame) over the thresholds; a site
+# is its name key, so an annotation carrying a per-run id is one site (the events keep the raw name).
 SITES_SQL = """
-SELECT pid, tid, call, site, any_value(blocking) AS blocking, count(*) AS calls,
+SELECT pid, tid, call, name_key(site) AS site, any_value(blocking) AS blocking, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns, arg_max(event_id, dur_ns) AS worst_event_id,
        list(event_id ORDER BY charged_idle_ns DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
        median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
 FROM host_blocking_exempting($small_htod_bytes) WHERE run_id = $run_id
-GROUP BY pid, tid, call, site
+GROUP BY pid, tid, call, name_key(site)
 HAVING count(*) >= $min_calls AND sum(charged_idle_ns) >= $min_share * $window
 ORDER BY sum(charged_idle_ns) DESC, site, call
 """
@@ -67,7 +68,7 @@ SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, count(*) AS calls,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns
 FROM host_blocking_exempting($small_htod_bytes)
 WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
-  AND site = $site
+  AND name_key(site) = $site
 """
 
 

@@ -250,7 +250,7 @@ def diff(
         "database": entry.handle,
         "baseline_run_ids": base_runs,
         "candidate_run_ids": cand_runs,
-        "steps": {k: doc["steps"][k] for k in ("name", "source")},
+        "steps": {k: doc["steps"][k] for k in ("name", "source", "comparable", "comparability")},
         "delta": {"end_to_end": doc["delta"]["end_to_end"], "step": doc["delta"]["step"], "phases": phases},
         "contributors": doc["contributors"][:top],
         "unexplained_ns": doc["unexplained_ns"],

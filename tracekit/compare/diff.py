@@ -22,6 +22,7 @@ import re
 from dataclasses import dataclass
 
 from tracekit.compare.window_sums import hits_sql
+from tracekit.db.names import name_key
 from tracekit.errors import TracekitError
 from tracekit.units import duration
 
@@ -64,13 +65,16 @@ def _main_devices(con, run_ids: list[int]) -> dict[int, int | None]:
 
 
 def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
-    """Which annotation delimits a step: `step` (a name, `#N` suffixes ignored), else the stdlib's step
-    rule (`step_candidates`: ProfilerStep#N, else the most frequent top-level user annotation) when it
-    picks the same annotation in every run; when the runs' picks differ, the annotation the rule
-    would pick over all runs together, present in every run; else the whole run."""
+    """The unit of work both sides are compared by: `step` (an annotation name, compared by name key);
+    else the stdlib's step rule (`step_candidates`: ProfilerStep#N, else the most frequent top-level
+    user annotation, names keyed so per-run ids do not split one annotation) when it picks the same
+    annotation in every run; when the runs' picks differ, the annotation the rule would pick over all
+    runs together, present in every run; else a kernel that repeats at a steady period in every run
+    (`anchor_kernel`: a unit is the time from one of its launches to the next); else the whole run,
+    which `comparability` rejects. Needs `record_sides` first."""
     all_runs = [r for s in sides.values() for r in s.run_ids]
     if step:
-        key = re.sub(r"#[0-9]+$", "", step)
+        key = name_key(step)
         counts = dict(con.execute("SELECT run_id, count(*) FROM step_windows_named(?) GROUP BY 1", [key]).fetchall())
         missing = [r for r in all_runs if not counts.get(r)]
         if missing:
@@ -98,36 +102,98 @@ def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
     ).fetchone()
     if row:
         return {"name": row[0], "source": "ProfilerStep#N" if row[1] else "most frequent top-level user annotation"}
+    anchor = con.execute(ANCHOR_KERNEL_SQL, {"runs": len(all_runs), "cv": STEADY_PERIOD_CV}).fetchone()
+    if anchor:
+        return {"name": None, "source": "repeated kernel sequence", "anchor_kernel": anchor[0]}
     return {"name": None, "source": "no step annotation: the whole run is one step"}
+
+
+# A kernel that paces the work: on the main device of every run it starts at least 4 times (3 units),
+# at a steady period (the coefficient of variation of its start-to-start intervals at most $cv in every
+# run). Of those, the one with the fewest launches (the longest unit: an iteration rather than a
+# layer); ties by name.
+ANCHOR_KERNEL_SQL = """
+WITH k AS (
+    SELECT a.run_id, a.name, a.ts_ns - lag(a.ts_ns) OVER (PARTITION BY a.run_id, a.name ORDER BY a.ts_ns) AS period
+    FROM gpu_activities a JOIN diff_sides s ON s.run_id = a.run_id AND s.device = a.device
+    WHERE a.kind = 'kernel'
+), per_run AS (
+    SELECT run_id, name, count(*) + 1 AS launches, stddev_pop(period) / avg(period) AS cv
+    FROM k WHERE period IS NOT NULL GROUP BY ALL
+)
+SELECT name FROM per_run GROUP BY name
+HAVING count(*) = $runs AND min(launches) >= 4 AND max(cv) <= $cv
+ORDER BY sum(launches), name LIMIT 1
+"""
+
+# Start-to-start intervals of an anchor kernel whose spread (stdev / mean) stays within this are a
+# steady period: iterations of one loop. On the corpus (ResNet-50, HTA's trace-diff pair, CloverLeaf)
+# and the project's H200 decode runs, kernels launched once per iteration sit at 0.003-0.15; kernels
+# launched several times per iteration (per layer, forward and backward) at 0.25 and above.
+STEADY_PERIOD_CV = 0.2
 
 
 def _label(con, run_id: int) -> str:
     return con.execute("SELECT label FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
 
 
-def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
-    """Fill the temp table diff_windows(side, run_id, device, grp, idx, ts_ns, end_ns); returns phase names."""
+def record_sides(con, sides: dict[str, Side]) -> None:
+    """Fill the temp table diff_sides(run_id, side, device): each run's side and main device."""
     devices = _main_devices(con, [r for s in sides.values() for r in s.run_ids])
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE diff_windows (side VARCHAR, run_id INTEGER, device INTEGER, grp VARCHAR, "
-        "idx INTEGER, ts_ns BIGINT, end_ns BIGINT)"
-    )
     con.execute("CREATE OR REPLACE TEMP TABLE diff_sides (run_id INTEGER, side VARCHAR, device INTEGER)")
     for side in sides.values():
         for r in side.run_ids:
             con.execute("INSERT INTO diff_sides VALUES (?, ?, ?)", [r, side.name, devices[r]])
+
+
+def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
+    """Fill the temp table diff_windows(side, run_id, device, grp, idx, ts_ns, end_ns); returns phase names."""
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE diff_windows (side VARCHAR, run_id INTEGER, device INTEGER, grp VARCHAR, "
+        "idx INTEGER, ts_ns BIGINT, end_ns BIGINT)"
+    )
     con.execute(
         "INSERT INTO diff_windows SELECT s.side, r.run_id, s.device, 'run', 0, r.start_ns, r.end_ns "
         "FROM runs r JOIN diff_sides s USING (run_id)"
     )
-    if step["name"] is None:
+    if step.get("anchor_kernel"):
+        con.execute(
+            """
+            INSERT INTO diff_windows
+            SELECT side, run_id, device, 'step', idx, ts_ns, end_ns FROM (
+                SELECT s.side, a.run_id, s.device, a.ts_ns,
+                       lead(a.ts_ns) OVER (PARTITION BY a.run_id ORDER BY a.ts_ns, a.event_id) AS end_ns,
+                       row_number() OVER (PARTITION BY a.run_id ORDER BY a.ts_ns, a.event_id) - 1 AS idx
+                FROM gpu_activities a JOIN diff_sides s ON s.run_id = a.run_id AND s.device = a.device
+                WHERE a.kind = 'kernel' AND a.name = ?
+            ) WHERE end_ns > ts_ns
+            """,
+            [step["anchor_kernel"]],
+        )
+    elif step["name"] is None:
         con.execute("INSERT INTO diff_windows SELECT side, run_id, device, 'step', 0, ts_ns, end_ns FROM diff_windows")
     else:
+        # the steady steps of a run that has any: warm-up, capture and profiler steps are other work
         con.execute(
-            "INSERT INTO diff_windows SELECT s.side, w.run_id, s.device, 'step', w.step_index, w.start_ns, w.end_ns "
-            "FROM step_windows_named(?) w JOIN diff_sides s USING (run_id)",
-            [step["name"]],
+            """
+            CREATE OR REPLACE TEMP TABLE diff_step_kept AS
+            SELECT *, phase = 'steady' OR NOT bool_or(phase = 'steady') OVER (PARTITION BY run_id) AS kept FROM (
+                SELECT s.side, w.run_id, s.device, w.step_index, w.start_ns, w.end_ns,
+                       coalesce(p.phase, 'steady') AS phase
+                FROM step_windows_named($name) w JOIN diff_sides s USING (run_id)
+                LEFT JOIN steps_named($name) p USING (run_id, step_index)
+            )
+            """,
+            {"name": step["name"]},
         )
+        con.execute(
+            "INSERT INTO diff_windows SELECT side, run_id, device, 'step', step_index, start_ns, end_ns "
+            "FROM diff_step_kept WHERE kept"
+        )
+        left = con.execute(
+            "SELECT side, phase, count(*) FROM diff_step_kept WHERE NOT kept GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        step["left_out"] = {side: {phase: n for sd, phase, n in left if sd == side} for side in {r[0] for r in left}}
     # phases: user annotations naming prefill / decode, the outermost ones of each phase per run
     con.execute(
         """
@@ -193,14 +259,32 @@ GROUP BY ALL
 # Kernels grouped by family, so a kernel renamed by its template arguments or GPU architecture (volta_sgemm
 # vs ampere_sgemm, sm80 vs sm90) matches across the sides: the name without 'void ', without template
 # arguments / parameter list and with architecture tokens masked.
-FAMILIES_SQL = """
-SELECT h.side,
-       regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''), '[<(].*$', ''),
-                      '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g') AS name,
-       sum(h.ns) AS ns, count(*) AS n
+KERNEL_FAMILY = (
+    "regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''), '[<(].*$', ''),"
+    " '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g')"
+)
+FAMILIES_SQL = f"""
+SELECT h.side, {KERNEL_FAMILY} AS name, sum(h.ns) AS ns, count(*) AS n
 FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
 WHERE a.kind = 'kernel'
 GROUP BY ALL
+"""
+
+# How alike the work in the two sides' windows is: each side's kernel launches per family as a share of
+# its launches, and the overlap of the two mixes (sum of the smaller share per family): 1 when both run
+# the same families as often, 0 when they share none. Launches, not time: the same code made faster or
+# slower launches the same kernels, and one long kernel (a collective waiting for a peer) must not make
+# the work look different. NULL when a side ran no kernel.
+WORK_OVERLAP_SQL = f"""
+WITH fam AS (
+    SELECT h.side, {KERNEL_FAMILY} AS family, count(*) AS n
+    FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
+    WHERE a.kind = 'kernel' GROUP BY ALL
+), mix AS (SELECT side, family, n / sum(n) OVER (PARTITION BY side) AS share FROM fam)
+SELECT CASE WHEN count(DISTINCT side) = 2 THEN (
+    SELECT coalesce(sum(least(b.share, c.share)), 0) FROM mix b JOIN mix c
+    ON b.family = c.family AND b.side = 'baseline' AND c.side = 'candidate'
+) END FROM mix
 """
 
 # Op self time (duration minus direct children) of the ops that start in the window.
@@ -617,13 +701,71 @@ def _num(x):
 # ------------------------------------------------------------------------------------------ driver
 
 
+# ---------------------------------------------------------------------------------- comparability
+
+# Units whose kernel mixes overlap less than this hold different work (docs/diff.md). Over pairs of the
+# corpus and the project's runs (steady steps), runs of one workload overlap 0.74 or more (eager vs
+# CUDA-graph decode 0.96, two runs with volatile ids 1.0, cold vs warm conv-net 0.96, ResNet-50 samples
+# 0.93-0.96, HTA's control vs test on A100 vs V100 0.74) and runs of different workloads 0.41 or less
+# (ResNet-50 vs LLM decode 0.25, AlexNet vs ResNet-50 0.19, two DDP jobs 0.41, CloverLeaf vs SAXPY 0).
+MIN_WORK_OVERLAP = 0.5
+
+
+def same_ranks(con, sides: dict[str, Side]) -> tuple[dict[str, Side], str | None]:
+    """Sides of several ranks are compared rank against rank: runs of a rank that the other side
+    lacks are left out. Returns the sides to compare and what was left out (None: nothing), or the
+    sides unchanged with a reason when no rank is on both sides. One run per side is compared as it is."""
+    rank = dict(con.execute("SELECT run_id, rank FROM runs").fetchall())
+    per_side = {name: {rank.get(r) for r in side.run_ids} for name, side in sides.items()}
+    if all(len(side.run_ids) == 1 for side in sides.values()) or None in set.union(*per_side.values()):
+        return sides, None
+    common = per_side["baseline"] & per_side["candidate"]
+    if not common:
+        return sides, "no rank is on both sides (" + " vs ".join(
+            f"{name} ranks {sorted(per_side[name])}" for name in SIDES) + ")"  # fmt: skip
+    kept = {name: Side(name, [r for r in side.run_ids if rank.get(r) in common]) for name, side in sides.items()}
+    left = sorted(rank[r] for name in SIDES for r in sides[name].run_ids if rank.get(r) not in common)
+    return kept, (f"ranks {left} are on one side only and are left out" if left else None)
+
+
+def comparability(step: dict, overlap: float | None, left_out: str | None) -> dict:
+    """Whether the two sides hold the same unit of work, and why: a unit matched on both sides
+    (a step annotation, a repeated top-level annotation or a steadily repeating kernel), whose GPU work
+    is alike (kernel-family mix overlap of at least MIN_WORK_OVERLAP)."""
+    notes = [left_out] if left_out and not left_out.startswith("no rank") else []
+    if left_out and left_out.startswith("no rank"):
+        return {"comparable": False, "reason": left_out}
+    if step["source"].startswith("no step annotation"):
+        return {
+            "comparable": False,
+            "reason": "no unit of work matches on both sides (no common step or repeated top-level annotation, "
+            "no kernel repeating at a steady period in every run): totals over two capture windows do not say "
+            "whether the same work got faster; pass --step NAME for an annotation both sides repeat",
+        }
+    if overlap is not None and overlap < MIN_WORK_OVERLAP:
+        return {
+            "comparable": False,
+            "reason": f"the units hold different GPU work: the kernel-family mixes overlap {overlap:.0%} "
+            f"(below {MIN_WORK_OVERLAP:.0%}); these look like different workloads",
+        }
+    unit = step["name"] or step.get("anchor_kernel")
+    reason = f"unit of work: {unit} ({step['source']})"
+    if overlap is not None:
+        reason += f"; kernel-family mixes overlap {overlap:.0%}"
+    return {"comparable": True, "reason": "; ".join([reason, *notes])}
+
+
 def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[str] = (), top: int = 15) -> dict:
     """The diff document (see docs/diff.md) over a database holding both sides."""
     criteria = [parse_accept(a) for a in accept]
+    sides, left_out = same_ranks(con, sides)
+    record_sides(con, sides)
     step_info = find_steps(con, sides, step)
     phases = build_windows(con, sides, step_info)
     e2e = decompose(con, "run", sides, "run", top)
     st = decompose(con, "step", sides, "window", top)
+    overlap = con.execute(WORK_OVERLAP_SQL).fetchone()[0]
+    verdict = comparability(step_info, overlap, left_out)
     ph = {p: decompose(con, f"phase:{p}", sides, "run", top) for p in phases}
     runs = {
         name: [
@@ -643,8 +785,18 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
         "baseline": st["_m"]["sides"]["baseline"]["windows"],
         "candidate": st["_m"]["sides"]["candidate"]["windows"],
         "per_step_ns": {s: st["_m"]["sides"][s]["durations"] for s in SIDES},
+        **({"anchor_kernel": step_info["anchor_kernel"]} if step_info.get("anchor_kernel") else {}),
+        # steps not compared: warm-up, capture or profiler steps of a run that has steady ones
+        "left_out": step_info.get("left_out", {}),
+        "comparable": verdict["comparable"],
+        "comparability": verdict["reason"],
+        "work_overlap": None if overlap is None else round(overlap, 4),
     }
     nz = noise(st["_m"])
+    # what a finding's status is judged by (findings.status): its cost per unit of work on each side
+    nz["units_per_run"] = {s: st["_m"]["sides"][s]["windows"] / max(len(sides[s].run_ids), 1) for s in SIDES}
+    nz["runs"] = {s: len(sides[s].run_ids) for s in SIDES}
+    nz["comparable"], nz["comparability"] = verdict["comparable"], verdict["reason"]
     # per phase: the spread of its occurrences (e.g. every decode step), when both sides have several
     nz["phases"] = {}
     for p, d in ph.items():
@@ -653,6 +805,9 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
         pn["method"] = pn["method"].replace("step-time", "occurrence-time")
         pn["reason"] = pn["reason"].replace("step-time", "occurrence-time").replace("steps", "occurrences")
         nz["phases"][p] = pn
+    if not verdict["comparable"]:
+        for n in (nz, *nz["phases"].values()):
+            n["within_noise"], n["reason"] = None, "not comparable: " + verdict["reason"]
     for d in (e2e, st, *ph.values()):
         d.pop("_m")
     doc = {
@@ -676,6 +831,10 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
         "noise": nz,
     }
     doc["acceptance"] = evaluate(con, criteria, doc)
+    if not verdict["comparable"]:
+        # a verdict on the numbers of two different units of work would be a guess: none is given
+        for a in doc["acceptance"]:
+            a["passed"], a["verdict"] = False, "not comparable"
     doc["passed"] = all(a["passed"] for a in doc["acceptance"])
     return doc
 
@@ -726,7 +885,14 @@ def to_text(doc: dict) -> str:
     )  # fmt: skip
     L.append(f"tracekit diff  {sides}")
     st = doc["steps"]
-    L.append(f"step: {st['name'] or '(whole run)'} [{st['source']}], {st['baseline']} vs {st['candidate']} steps")
+    unit = st["name"] or (
+        f"kernel {st['anchor_kernel'][:60]} to the next" if st.get("anchor_kernel") else "(whole run)"
+    )
+    L.append(f"step: {unit} [{st['source']}], {st['baseline']} vs {st['candidate']} steps")
+    for side, phases in st["left_out"].items():
+        L.append(f"  {side}: left out " + ", ".join(f"{n} {phase} step(s)" for phase, n in phases.items()))
+    if not st["comparable"]:
+        L.append(f"NOT COMPARABLE: {st['comparability']}; the numbers below are no verdict")
     L.append("")
 
     def line(label, d):
@@ -770,10 +936,14 @@ def to_text(doc: dict) -> str:
         L.append("")
         L.append("Acceptance:")
         for a in doc["acceptance"]:
-            L.append(f"  {'PASS' if a['passed'] else 'FAIL'}  {a['expr']}: measured {_fmt_measured(a)} "
+            L.append(f"  {_verdict(a)}  {a['expr']}: measured {_fmt_measured(a)} "
                      f"(baseline {_val(a, 'baseline')}, candidate {_val(a, 'candidate')})"
                      + (" [delta within noise]" if a.get("within_noise") and a["delta"] else ""))  # fmt: skip
     return "\n".join(L) + "\n"
+
+
+def _verdict(a: dict) -> str:
+    return "N/A " if a.get("verdict") == "not comparable" else "PASS" if a["passed"] else "FAIL"
 
 
 def _val(a, key) -> str:
@@ -793,7 +963,13 @@ def to_markdown(doc: dict) -> str:
     for s in SIDES:
         L.append(f"- **{s}**: " + ", ".join(f"`{r['label']}`" for r in doc[s]["runs"]))
     st = doc["steps"]
-    L += [f"- **step**: `{st['name'] or '(whole run)'}` ({st['source']}), {st['baseline']} vs {st['candidate']}", ""]
+    L += [
+        f"- **step**: `{st['name'] or st.get('anchor_kernel') or '(whole run)'}` ({st['source']}), "
+        f"{st['baseline']} vs {st['candidate']}"
+    ]
+    if not st["comparable"]:
+        L.append(f"- **not comparable**: {st['comparability']}")
+    L.append("")
     L += ["| scope | baseline | candidate | delta | delta % |", "|---|---|---|---|---|"]
     rows = [("end to end (per run)", doc["delta"]["end_to_end"]), ("step (mean)", doc["delta"]["step"])]
     rows += [(f"phase {p} (per run)", d) for p, d in doc["delta"]["phases"].items()]
@@ -813,7 +989,7 @@ def to_markdown(doc: dict) -> str:
     if doc["acceptance"]:
         L += ["", "## Acceptance", "", "| criterion | measured | result |", "|---|---|---|"]
         for a in doc["acceptance"]:
-            L.append(f"| `{a['expr']}` | {_fmt_measured(a)} | {'PASS' if a['passed'] else 'FAIL'} |")
+            L.append(f"| `{a['expr']}` | {_fmt_measured(a)} | {_verdict(a).strip()} |")
     return "\n".join(L) + "\n"
 
 
