@@ -915,7 +915,7 @@ def to_text(doc: dict) -> str:
             + (f"[{_dms(n['ci95_delta_ns'][0])}, {_dms(n['ci95_delta_ns'][1])}]" if n["ci95_delta_ns"] else "n/a")
             + "; "
             + {True: "WITHIN NOISE", False: "outside noise", None: "noise unknown"}[n["within_noise"]]
-            + f" ({n['reason']})"
+            + f" ({n['reason'] if st['comparable'] else 'not comparable: see above'})"
         )
     L.append("")
     L.append(f"What accounts for the step-time delta ({_dms(doc['delta']['step']['delta_ns'])} per step):")
