@@ -125,3 +125,42 @@ def test_ids_without_volatile_parts_are_unchanged(path, monkeypatch):
     monkeypatch.setattr(model, "name_key", lambda name: name)
     raw = {model.finding_id(f["rule"], f["locality"]) for f in found}
     assert keyed == raw
+
+
+def _loop_with_ids_in_annotations(path: Path, iterations: int = 5) -> Path:
+    """A hand-made decode-like loop: each iteration launches a kernel inside `<lambda> object at 0x...`
+    and waits for it with cudaStreamSynchronize inside `nccl:all_reduce, op_id = N`, both names with a
+    new id every iteration; after each sync the GPU idles 600 us until the next launch."""
+    events = []
+    for i in range(iterations):
+        t0 = 1000.0 * i
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": f"<lambda> object at 0x7f3a{i:08x}", "pid": 1, "tid": 1,
+             "ts": t0, "dur": 8.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": t0 + 1,
+             "dur": 5.0, "args": {"correlation": i + 1}},
+            {"ph": "X", "cat": "kernel", "name": "gemm_kernel", "pid": 0, "tid": 7, "ts": t0 + 10, "dur": 390.0,
+             "args": {"device": 0, "stream": 7, "correlation": i + 1}},
+            {"ph": "X", "cat": "user_annotation", "name": f"nccl:all_reduce, op_id = {915035 + i}, seq = {i}",
+             "pid": 1, "tid": 1, "ts": t0 + 20, "dur": 480.0},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1, "ts": t0 + 30,
+             "dur": 380.0, "args": {}},
+        ]  # fmt: skip
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_a_site_named_by_an_annotation_with_ids_is_one_site(tmp_path):
+    with tracekit.open(_loop_with_ids_in_annotations(tmp_path / "loop.json")) as t:
+        found = t.finding_records()
+        sites = t.sql("SELECT count(DISTINCT site) AS raw, count(DISTINCT name_key(site)) AS keyed FROM host_blocking")
+        raw, keyed = sites.fetchall()[0]
+    assert (raw, keyed) == (5, 1)  # one line of code, five names
+    # H001 needs a site to repeat (min_calls 3): split by id, no site would; keyed, the five calls are one
+    h001 = [f for f in found if f["rule"] == "H001"]
+    assert len(h001) == 1 and h001[0]["locality"]["op"] == "nccl:all_reduce, op_id = #, seq = #"
+    assert "5 blocking cudaStreamSynchronize" in h001[0]["title"] or "of 5 blocking" in h001[0]["title"]
+    # G001's host-gap sites: the launches after the gaps come from one annotation, not four
+    g001 = next(f for f in found if f["rule"] == "G001")
+    sites = g001["evidence"]["details"]["host_gap_sites"]
+    assert sites[0]["site"] == "<lambda> object" and sites[0]["gaps"] == 4

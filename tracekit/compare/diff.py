@@ -298,7 +298,7 @@ child AS (
     SELECT e.parent_id, sum(e.dur_ns) AS child_ns FROM events e
     WHERE e.parent_id IN (SELECT id FROM hits) AND e.dur_ns IS NOT NULL GROUP BY 1
 )
-SELECT h.side, o.name, sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0)) AS ns, count(*) AS n
+SELECT h.side, name_key(o.name) AS name, sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0)) AS ns, count(*) AS n
 FROM hits h JOIN cpu_ops o ON o.event_id = h.id LEFT JOIN child c ON c.parent_id = o.event_id
 GROUP BY ALL
 """
