@@ -339,8 +339,8 @@ TOOLS: dict[str, Tool] = {
         Tool(
             "diff",
             "Compare baseline traces with candidate traces (e.g. a re-run after a change): time delta per step "
-            "and phase, its contributors, noise, acceptance criteria, and each finding's status (fixed, "
-            "regressed, unchanged, new) by stable id.",
+            "and phase, its contributors, noise, acceptance criteria, and each finding's status (new, fixed, "
+            "improved, regressed, unchanged; not_comparable without a common unit of work) by stable id.",
             _object(
                 {
                     "baseline": _PATHS,

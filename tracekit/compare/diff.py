@@ -11,7 +11,11 @@ whole run) is split exactly on the run's main GPU (the device with the most busy
 so the per-name deltas, the overlap delta and the idle delta add up to the delta of the window time.
 The contributors list keeps the largest terms (by absolute delta); what the list leaves out is
 `unexplained_ns`. Ops, threads and streams are reported beside it, ranked the same way, but they
-overlap each other and the GPU terms, so they are not part of the sum. See docs/diff.md.
+overlap each other and the GPU terms, so they are not part of the sum.
+
+A step is a unit of work both sides repeat (tracekit.compare.units); when none matches, or the units
+hold different work, the document says the runs are not comparable and gives no verdict. See
+docs/diff.md.
 """
 
 from __future__ import annotations
@@ -19,15 +23,22 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass
 
+from tracekit.compare.sides import SIDES, Side
+from tracekit.compare.units import (
+    ANCHOR_KERNEL_SQL,
+    KERNEL_FAMILY,
+    STEADY_PERIOD_CV,
+    WORK_OVERLAP_SQL,
+    comparability,
+    same_ranks,
+)
 from tracekit.compare.window_sums import hits_sql
 from tracekit.db.names import name_key
 from tracekit.errors import TracekitError
 from tracekit.units import duration
 
 DIFF_SCHEMA_VERSION = "1.0"
-SIDES = ("baseline", "candidate")
 
 METRICS = {
     "step_time": "mean step time (ns)",
@@ -40,14 +51,6 @@ METRICS = {
     "kernel:<text>": "GPU time per step of the kernels whose name contains <text> (ns)",
     "phase:<name>": "time in a phase per run (ns; prefill / decode annotations)",
 }
-
-
-@dataclass
-class Side:
-    """One side of a comparison: its name and its runs in the database being compared."""
-
-    name: str
-    run_ids: list[int]
 
 
 # ---------------------------------------------------------------------------------------- windows
@@ -106,31 +109,6 @@ def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
     if anchor:
         return {"name": None, "source": "repeated kernel sequence", "anchor_kernel": anchor[0]}
     return {"name": None, "source": "no step annotation: the whole run is one step"}
-
-
-# A kernel that paces the work: on the main device of every run it starts at least 4 times (3 units),
-# at a steady period (the coefficient of variation of its start-to-start intervals at most $cv in every
-# run). Of those, the one with the fewest launches (the longest unit: an iteration rather than a
-# layer); ties by name.
-ANCHOR_KERNEL_SQL = """
-WITH k AS (
-    SELECT a.run_id, a.name, a.ts_ns - lag(a.ts_ns) OVER (PARTITION BY a.run_id, a.name ORDER BY a.ts_ns) AS period
-    FROM gpu_activities a JOIN diff_sides s ON s.run_id = a.run_id AND s.device = a.device
-    WHERE a.kind = 'kernel'
-), per_run AS (
-    SELECT run_id, name, count(*) + 1 AS launches, stddev_pop(period) / avg(period) AS cv
-    FROM k WHERE period IS NOT NULL GROUP BY ALL
-)
-SELECT name FROM per_run GROUP BY name
-HAVING count(*) = $runs AND min(launches) >= 4 AND max(cv) <= $cv
-ORDER BY sum(launches), name LIMIT 1
-"""
-
-# Start-to-start intervals of an anchor kernel whose spread (stdev / mean) stays within this are a
-# steady period: iterations of one loop. On the corpus (ResNet-50, HTA's trace-diff pair, CloverLeaf)
-# and the project's H200 decode runs, kernels launched once per iteration sit at 0.003-0.15; kernels
-# launched several times per iteration (per layer, forward and backward) at 0.25 and above.
-STEADY_PERIOD_CV = 0.2
 
 
 def _label(con, run_id: int) -> str:
@@ -259,32 +237,11 @@ GROUP BY ALL
 # Kernels grouped by family, so a kernel renamed by its template arguments or GPU architecture (volta_sgemm
 # vs ampere_sgemm, sm80 vs sm90) matches across the sides: the name without 'void ', without template
 # arguments / parameter list and with architecture tokens masked.
-KERNEL_FAMILY = (
-    "regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''), '[<(].*$', ''),"
-    " '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g')"
-)
 FAMILIES_SQL = f"""
 SELECT h.side, {KERNEL_FAMILY} AS name, sum(h.ns) AS ns, count(*) AS n
 FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
 WHERE a.kind = 'kernel'
 GROUP BY ALL
-"""
-
-# How alike the work in the two sides' windows is: each side's kernel launches per family as a share of
-# its launches, and the overlap of the two mixes (sum of the smaller share per family): 1 when both run
-# the same families as often, 0 when they share none. Launches, not time: the same code made faster or
-# slower launches the same kernels, and one long kernel (a collective waiting for a peer) must not make
-# the work look different. NULL when a side ran no kernel.
-WORK_OVERLAP_SQL = f"""
-WITH fam AS (
-    SELECT h.side, {KERNEL_FAMILY} AS family, count(*) AS n
-    FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
-    WHERE a.kind = 'kernel' GROUP BY ALL
-), mix AS (SELECT side, family, n / sum(n) OVER (PARTITION BY side) AS share FROM fam)
-SELECT CASE WHEN count(DISTINCT side) = 2 THEN (
-    SELECT coalesce(sum(least(b.share, c.share)), 0) FROM mix b JOIN mix c
-    ON b.family = c.family AND b.side = 'baseline' AND c.side = 'candidate'
-) END FROM mix
 """
 
 # Op self time (duration minus direct children) of the ops that start in the window.
@@ -701,71 +658,18 @@ def _num(x):
 # ------------------------------------------------------------------------------------------ driver
 
 
-# ---------------------------------------------------------------------------------- comparability
-
-# Units whose kernel mixes overlap less than this hold different work (docs/diff.md). Over pairs of the
-# corpus and the project's runs (steady steps), runs of one workload overlap 0.74 or more (eager vs
-# CUDA-graph decode 0.96, two runs with volatile ids 1.0, cold vs warm conv-net 0.96, ResNet-50 samples
-# 0.93-0.96, HTA's control vs test on A100 vs V100 0.74) and runs of different workloads 0.41 or less
-# (ResNet-50 vs LLM decode 0.25, AlexNet vs ResNet-50 0.19, two DDP jobs 0.41, CloverLeaf vs SAXPY 0).
-MIN_WORK_OVERLAP = 0.5
-
-
-def same_ranks(con, sides: dict[str, Side]) -> tuple[dict[str, Side], str | None]:
-    """Sides of several ranks are compared rank against rank: runs of a rank that the other side
-    lacks are left out. Returns the sides to compare and what was left out (None: nothing), or the
-    sides unchanged with a reason when no rank is on both sides. One run per side is compared as it is."""
-    rank = dict(con.execute("SELECT run_id, rank FROM runs").fetchall())
-    per_side = {name: {rank.get(r) for r in side.run_ids} for name, side in sides.items()}
-    if all(len(side.run_ids) == 1 for side in sides.values()) or None in set.union(*per_side.values()):
-        return sides, None
-    common = per_side["baseline"] & per_side["candidate"]
-    if not common:
-        return sides, "no rank is on both sides (" + " vs ".join(
-            f"{name} ranks {sorted(per_side[name])}" for name in SIDES) + ")"  # fmt: skip
-    kept = {name: Side(name, [r for r in side.run_ids if rank.get(r) in common]) for name, side in sides.items()}
-    left = sorted(rank[r] for name in SIDES for r in sides[name].run_ids if rank.get(r) not in common)
-    return kept, (f"ranks {left} are on one side only and are left out" if left else None)
-
-
-def comparability(step: dict, overlap: float | None, left_out: str | None) -> dict:
-    """Whether the two sides hold the same unit of work, and why: a unit matched on both sides
-    (a step annotation, a repeated top-level annotation or a steadily repeating kernel), whose GPU work
-    is alike (kernel-family mix overlap of at least MIN_WORK_OVERLAP)."""
-    notes = [left_out] if left_out and not left_out.startswith("no rank") else []
-    if left_out and left_out.startswith("no rank"):
-        return {"comparable": False, "reason": left_out}
-    if step["source"].startswith("no step annotation"):
-        return {
-            "comparable": False,
-            "reason": "no unit of work matches on both sides (no common step or repeated top-level annotation, "
-            "no kernel repeating at a steady period in every run): totals over two capture windows do not say "
-            "whether the same work got faster; pass --step NAME for an annotation both sides repeat",
-        }
-    if overlap is not None and overlap < MIN_WORK_OVERLAP:
-        return {
-            "comparable": False,
-            "reason": f"the units hold different GPU work: the kernel-family mixes overlap {overlap:.0%} "
-            f"(below {MIN_WORK_OVERLAP:.0%}); these look like different workloads",
-        }
-    unit = step["name"] or step.get("anchor_kernel")
-    reason = f"unit of work: {unit} ({step['source']})"
-    if overlap is not None:
-        reason += f"; kernel-family mixes overlap {overlap:.0%}"
-    return {"comparable": True, "reason": "; ".join([reason, *notes])}
-
-
 def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[str] = (), top: int = 15) -> dict:
     """The diff document (see docs/diff.md) over a database holding both sides."""
     criteria = [parse_accept(a) for a in accept]
-    sides, left_out = same_ranks(con, sides)
+    ranks = same_ranks(con, sides)
+    sides = ranks.sides
     record_sides(con, sides)
     step_info = find_steps(con, sides, step)
     phases = build_windows(con, sides, step_info)
     e2e = decompose(con, "run", sides, "run", top)
     st = decompose(con, "step", sides, "window", top)
     overlap = con.execute(WORK_OVERLAP_SQL).fetchone()[0]
-    verdict = comparability(step_info, overlap, left_out)
+    verdict = comparability(step_info, overlap, ranks)
     ph = {p: decompose(con, f"phase:{p}", sides, "run", top) for p in phases}
     runs = {
         name: [
