@@ -87,9 +87,10 @@ FROM top JOIN events e ON e.event_id = top.next_event_id ORDER BY gap_ns DESC, n
 """
 
 # Host gaps grouped by what launched the activity after them: the launching thread and the
-# runtime call's parent (the op or Python frame that issued the launch).
+# runtime call's parent (the op or Python frame that issued the launch), by its name key, so a
+# site whose annotation carries a per-run id is one site.
 HOST_SITES_SQL = (
-    "SELECT g.launch_tid, coalesce(p.name, g.runtime_name) AS site, count(*) AS gaps, sum(g.gap_ns) AS idle_ns,\n"
+    "SELECT g.launch_tid, name_key(coalesce(p.name, g.runtime_name)) AS site, count(*) AS gaps, sum(g.gap_ns) AS idle_ns,\n"
     "       arg_max(g.runtime_event_id, g.gap_ns) AS worst_runtime_event_id\n"
     f"FROM {GAPS_TABLE} g\n"
     "LEFT JOIN events r ON r.event_id = g.runtime_event_id LEFT JOIN events p ON p.event_id = r.parent_id\n"

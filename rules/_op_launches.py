@@ -6,7 +6,8 @@ from __future__ import annotations
 # One row per (op occurrence, kernel, launch configuration): how often the op launched it. Each GPU
 # activity counts once, by the call that launched it (`first_launches`); launches are calls that
 # launched one activity, outside CUDA graphs; the op is the nearest cpu_op ancestor of the call
-# (ProfilerStep#N is a step, not an op), else the only cpu_op with the call's External id.
+# (ProfilerStep#N is a step, not an op), else the only cpu_op with the call's External id. The op is
+# named by its name key: a record_function op carrying a per-run id is one op.
 GROUPS_SQL = """
 WITH RECURSIVE calls AS (
     SELECT runtime_event_id, any_value(runtime_name) AS runtime_name, any_value(external_id) AS external_id,
@@ -37,7 +38,7 @@ WITH RECURSIVE calls AS (
 ), occurrence AS (
     SELECT op_id, sum(gpu_dur_ns) AS op_gpu_ns FROM work WHERE op_id IS NOT NULL GROUP BY op_id
 )
-SELECT w.op_id, o.name AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
+SELECT w.op_id, name_key(o.name) AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
        k.name AS kernel, k.grid, k.block, k.shared_memory, k.registers_per_thread, k.device, k.stream,
        count(*) AS launches, sum(k.dur_ns) AS kernel_ns, sum(k.dur_ns) - max(k.dur_ns) AS repeat_ns,
        any_value(occurrence.op_gpu_ns) AS op_gpu_ns, list(k.event_id ORDER BY k.ts_ns) AS kernel_ids

@@ -173,7 +173,9 @@ def test_each_side_keeps_the_findings_of_its_own_runs():
         status = cand.status(base)
         assert cand.finding_records() == expected
         assert any("waiting for rank 1" in f["title"] for f in expected)
-    assert status["counts"] == {"fixed": 0, "regressed": 0, "unchanged": len(expected), "new": 0}
+    assert status["counts"] == {
+        "fixed": 0, "improved": 0, "regressed": 0, "unchanged": len(expected), "new": 0, "not_comparable": 0
+    }  # fmt: skip
 
 
 def test_report_and_annotate_write_files(eager, tmp_path):

@@ -240,3 +240,82 @@ def test_window_hits_match_a_range_join():
             )  # fmt: skip
             got = con.execute(hits_sql("SELECT * FROM iv", on_device, starts_only), {"grp": "g"}).fetchall()
             assert sorted(got) == expected, (on_device, starts_only)
+
+
+# ------------------------------------------------------------------------ units of work, comparability
+
+RESNET = "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"
+
+
+def test_a_different_workload_is_not_comparable():
+    # ResNet-50 training (V100, ProfilerStep) against LLM decode (H200, decode_step): no common unit
+    doc = diff(corpus(RESNET), EAGER, accept=("step_time <= +5%",))
+    steps = doc["steps"]
+    assert steps["comparable"] is False and "no unit of work" in steps["comparability"]
+    assert doc["noise"]["within_noise"] is None and doc["noise"]["reason"].startswith("not comparable")
+    assert doc["acceptance"][0]["verdict"] == "not comparable" and doc["passed"] is False
+    assert "NOT COMPARABLE" in render(doc, "text") and "N/A" in render(doc, "text")
+
+
+def test_units_of_different_work_are_not_comparable():
+    # AlexNet against ResNet-50, both CNN training on one GPU: a unit is found, but the work in it differs
+    alexnet = corpus("hta__critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz")
+    doc = diff(alexnet, corpus("kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz"))
+    assert doc["steps"]["comparable"] is False
+
+
+def test_captures_without_step_markers_compare_per_repeated_kernel_sequence():
+    # two ResNet-50 tb_plugin samples; the autograd-API one has no ProfilerStep: the unit is a kernel
+    # launched once per iteration, the same on both sides
+    base = corpus("kineto__resnet50_autograd_api_num_workers_4__worker0.pt.trace.json.gz")
+    cand = corpus("kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz")
+    doc = diff(base, cand)
+    steps = doc["steps"]
+    assert steps["source"] == "repeated kernel sequence" and steps["comparable"] is True
+    assert steps["baseline"] >= 3 and steps["candidate"] >= 3
+    assert steps["work_overlap"] > 0.5
+    with tracekit.open(base) as t:
+        launches = t.sql("SELECT count(*) FROM kernels WHERE name = $name", name=steps["anchor_kernel"]).fetchall()[0][
+            0
+        ]
+    assert launches == steps["baseline"] + 1  # one window from each launch to the next
+    per_step = doc["delta"]["step"]["baseline"]["time_ns"]
+    assert per_step < doc["delta"]["end_to_end"]["baseline"]["time_ns"] / 3
+
+
+def test_warm_up_steps_are_left_out():
+    doc = diff(sample("volatile_ids_run1.json.gz"), sample("volatile_ids_run2.json.gz"))
+    steps = doc["steps"]
+    assert steps["left_out"] == {"baseline": {"warm-up": 1}}
+    assert steps["baseline"] == 5 and steps["candidate"] == 6
+    # without the cold first step, one workload runs at one speed
+    assert doc["noise"]["within_noise"] is True
+    assert abs(doc["delta"]["step"]["delta_pct"]) < 10
+
+
+def test_statuses_compare_cost_per_unit_of_work():
+    with tracekit.open(EAGER) as base, tracekit.open(GRAPH) as cand:
+        status = cand.status(base)
+        units = cand.diff(base)["noise"]["units_per_run"]
+    assert units == {"baseline": 32, "candidate": 32}
+    g001 = next(e for e in status["findings"] if e["rule"] == "G001")
+    b, c = g001["baseline"], g001["candidate"]
+    assert b["per_unit_ns"] == round(b["time_ns"] / 32) and c["per_unit_ns"] == round(c["time_ns"] / 32)
+    assert c["per_unit_ns"] < 0.1 * b["per_unit_ns"]
+    assert g001["status"] == "improved" and g001["trend"] == "better"  # -95% is not "unchanged"
+
+
+def test_one_run_sides_match_a_finding_across_ranks():
+    # HTA's pair: rank 3 of one job against rank 1 of another; C001 on NCCL stream 21 vs 15
+    with tracekit.open(hta_pair()[0]) as base, tracekit.open(hta_pair()[1]) as cand:
+        status = cand.status(base)
+    c001 = [e for e in status["findings"] if e["rule"] == "C001"]
+    assert len(c001) == 1 and c001[0]["baseline_finding_id"] != c001[0]["finding_id"]
+    assert c001[0]["status"] in ("unchanged", "improved", "regressed")
+
+
+def test_ranks_on_one_side_only_are_left_out():
+    tp2 = [sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz")]
+    doc = run_diff(tp2, tp2[:1])
+    assert doc["steps"]["comparable"] is True and "ranks [1]" in doc["steps"]["comparability"]
+    assert [r["rank"] for r in doc["baseline"]["runs"]] == [0]

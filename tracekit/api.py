@@ -265,7 +265,7 @@ class Trace:
     def feedback(self, budget_tokens: int | None = None, rules=None, params=None, baseline: Trace | None = None,
                  step: str | None = None, llm=None, model: str | None = None) -> dict:  # fmt: skip
         """Ranked, deduplicated feedback records for an agent (docs/agents.md), within `budget_tokens`;
-        with `baseline`, each record says whether it is new, regressed or unchanged. `llm` (an
+        with `baseline`, each record says whether it is new, regressed, improved or unchanged. `llm` (an
         OpenAI-compatible client) and `model` let a model write the prose, checked number by number."""
         from tracekit.findings.feedback import build_feedback, llm_prose
 
@@ -301,9 +301,10 @@ class Trace:
         return doc
 
     def status(self, baseline: Trace, step: str | None = None, rules=None, params=None) -> dict:
-        """Each finding fixed, regressed, unchanged or new against `baseline`, by stable id, within the
-        noise the diff measured on steps (docs/agents.md, finding status). Each side's findings are
-        those of its own Trace."""
+        """Each finding new, fixed, improved, regressed or unchanged against `baseline`, by stable id,
+        its cost per unit of work within the noise the diff measured on the units (not_comparable when
+        the diff finds no common unit; docs/agents.md, finding status). Each side's findings are those
+        of its own Trace."""
         from tracekit.findings.status import classify
 
         noise = self._db.noise.get(self._pair_key(baseline) + (step,))

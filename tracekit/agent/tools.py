@@ -250,7 +250,7 @@ def diff(
         "database": entry.handle,
         "baseline_run_ids": base_runs,
         "candidate_run_ids": cand_runs,
-        "steps": {k: doc["steps"][k] for k in ("name", "source")},
+        "steps": {k: doc["steps"][k] for k in ("name", "source", "comparable", "comparability")},
         "delta": {"end_to_end": doc["delta"]["end_to_end"], "step": doc["delta"]["step"], "phases": phases},
         "contributors": doc["contributors"][:top],
         "unexplained_ns": doc["unexplained_ns"],
@@ -339,8 +339,8 @@ TOOLS: dict[str, Tool] = {
         Tool(
             "diff",
             "Compare baseline traces with candidate traces (e.g. a re-run after a change): time delta per step "
-            "and phase, its contributors, noise, acceptance criteria, and each finding's status (fixed, "
-            "regressed, unchanged, new) by stable id.",
+            "and phase, its contributors, noise, acceptance criteria, and each finding's status (new, fixed, "
+            "improved, regressed, unchanged; not_comparable without a common unit of work) by stable id.",
             _object(
                 {
                     "baseline": _PATHS,

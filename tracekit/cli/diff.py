@@ -47,7 +47,7 @@ def command(traces, baselines, candidates, step, accepts, top, fmt, output):
 
     Pass BASELINE CANDIDATE (one trace each), or -b/-c once per trace for several ranks or runs. Either
     side may be a .duckdb database instead (its runs are copied, not parsed again).
-    Exit codes: 0 every --accept passed, 1 one failed, 2 bad input or usage.
+    Exit codes: 0 every --accept passed, 1 one failed (or the runs are not comparable), 2 bad input or usage.
 
     \b
         tracekit diff eager.json.gz graph.json.gz --accept "step_time <= +5%" --accept "idle <= 1ms"

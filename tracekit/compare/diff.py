@@ -11,7 +11,11 @@ whole run) is split exactly on the run's main GPU (the device with the most busy
 so the per-name deltas, the overlap delta and the idle delta add up to the delta of the window time.
 The contributors list keeps the largest terms (by absolute delta); what the list leaves out is
 `unexplained_ns`. Ops, threads and streams are reported beside it, ranked the same way, but they
-overlap each other and the GPU terms, so they are not part of the sum. See docs/diff.md.
+overlap each other and the GPU terms, so they are not part of the sum.
+
+A step is a unit of work both sides repeat (tracekit.compare.units); when none matches, or the units
+hold different work, the document says the runs are not comparable and gives no verdict. See
+docs/diff.md.
 """
 
 from __future__ import annotations
@@ -19,14 +23,22 @@ from __future__ import annotations
 import math
 import random
 import re
-from dataclasses import dataclass
 
+from tracekit.compare.sides import SIDES, Side
+from tracekit.compare.units import (
+    ANCHOR_KERNEL_SQL,
+    KERNEL_FAMILY,
+    STEADY_PERIOD_CV,
+    WORK_OVERLAP_SQL,
+    comparability,
+    same_ranks,
+)
 from tracekit.compare.window_sums import hits_sql
+from tracekit.db.names import name_key
 from tracekit.errors import TracekitError
 from tracekit.units import duration
 
 DIFF_SCHEMA_VERSION = "1.0"
-SIDES = ("baseline", "candidate")
 
 METRICS = {
     "step_time": "mean step time (ns)",
@@ -39,14 +51,6 @@ METRICS = {
     "kernel:<text>": "GPU time per step of the kernels whose name contains <text> (ns)",
     "phase:<name>": "time in a phase per run (ns; prefill / decode annotations)",
 }
-
-
-@dataclass
-class Side:
-    """One side of a comparison: its name and its runs in the database being compared."""
-
-    name: str
-    run_ids: list[int]
 
 
 # ---------------------------------------------------------------------------------------- windows
@@ -64,13 +68,16 @@ def _main_devices(con, run_ids: list[int]) -> dict[int, int | None]:
 
 
 def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
-    """Which annotation delimits a step: `step` (a name, `#N` suffixes ignored), else the stdlib's step
-    rule (`step_candidates`: ProfilerStep#N, else the most frequent top-level user annotation) when it
-    picks the same annotation in every run; when the runs' picks differ, the annotation the rule
-    would pick over all runs together, present in every run; else the whole run."""
+    """The unit of work both sides are compared by: `step` (an annotation name, compared by name key);
+    else the stdlib's step rule (`step_candidates`: ProfilerStep#N, else the most frequent top-level
+    user annotation, names keyed so per-run ids do not split one annotation) when it picks the same
+    annotation in every run; when the runs' picks differ, the annotation the rule would pick over all
+    runs together, present in every run; else a kernel that repeats at a steady period in every run
+    (`anchor_kernel`: a unit is the time from one of its launches to the next); else the whole run,
+    which `comparability` rejects. Needs `record_sides` first."""
     all_runs = [r for s in sides.values() for r in s.run_ids]
     if step:
-        key = re.sub(r"#[0-9]+$", "", step)
+        key = name_key(step)
         counts = dict(con.execute("SELECT run_id, count(*) FROM step_windows_named(?) GROUP BY 1", [key]).fetchall())
         missing = [r for r in all_runs if not counts.get(r)]
         if missing:
@@ -98,6 +105,9 @@ def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
     ).fetchone()
     if row:
         return {"name": row[0], "source": "ProfilerStep#N" if row[1] else "most frequent top-level user annotation"}
+    anchor = con.execute(ANCHOR_KERNEL_SQL, {"runs": len(all_runs), "cv": STEADY_PERIOD_CV}).fetchone()
+    if anchor:
+        return {"name": None, "source": "repeated kernel sequence", "anchor_kernel": anchor[0]}
     return {"name": None, "source": "no step annotation: the whole run is one step"}
 
 
@@ -105,29 +115,63 @@ def _label(con, run_id: int) -> str:
     return con.execute("SELECT label FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
 
 
-def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
-    """Fill the temp table diff_windows(side, run_id, device, grp, idx, ts_ns, end_ns); returns phase names."""
+def record_sides(con, sides: dict[str, Side]) -> None:
+    """Fill the temp table diff_sides(run_id, side, device): each run's side and main device."""
     devices = _main_devices(con, [r for s in sides.values() for r in s.run_ids])
-    con.execute(
-        "CREATE OR REPLACE TEMP TABLE diff_windows (side VARCHAR, run_id INTEGER, device INTEGER, grp VARCHAR, "
-        "idx INTEGER, ts_ns BIGINT, end_ns BIGINT)"
-    )
     con.execute("CREATE OR REPLACE TEMP TABLE diff_sides (run_id INTEGER, side VARCHAR, device INTEGER)")
     for side in sides.values():
         for r in side.run_ids:
             con.execute("INSERT INTO diff_sides VALUES (?, ?, ?)", [r, side.name, devices[r]])
+
+
+def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
+    """Fill the temp table diff_windows(side, run_id, device, grp, idx, ts_ns, end_ns); returns phase names."""
+    con.execute(
+        "CREATE OR REPLACE TEMP TABLE diff_windows (side VARCHAR, run_id INTEGER, device INTEGER, grp VARCHAR, "
+        "idx INTEGER, ts_ns BIGINT, end_ns BIGINT)"
+    )
     con.execute(
         "INSERT INTO diff_windows SELECT s.side, r.run_id, s.device, 'run', 0, r.start_ns, r.end_ns "
         "FROM runs r JOIN diff_sides s USING (run_id)"
     )
-    if step["name"] is None:
+    if step.get("anchor_kernel"):
+        con.execute(
+            """
+            INSERT INTO diff_windows
+            SELECT side, run_id, device, 'step', idx, ts_ns, end_ns FROM (
+                SELECT s.side, a.run_id, s.device, a.ts_ns,
+                       lead(a.ts_ns) OVER (PARTITION BY a.run_id ORDER BY a.ts_ns, a.event_id) AS end_ns,
+                       row_number() OVER (PARTITION BY a.run_id ORDER BY a.ts_ns, a.event_id) - 1 AS idx
+                FROM gpu_activities a JOIN diff_sides s ON s.run_id = a.run_id AND s.device = a.device
+                WHERE a.kind = 'kernel' AND a.name = ?
+            ) WHERE end_ns > ts_ns
+            """,
+            [step["anchor_kernel"]],
+        )
+    elif step["name"] is None:
         con.execute("INSERT INTO diff_windows SELECT side, run_id, device, 'step', 0, ts_ns, end_ns FROM diff_windows")
     else:
+        # the steady steps of a run that has any: warm-up, capture and profiler steps are other work
         con.execute(
-            "INSERT INTO diff_windows SELECT s.side, w.run_id, s.device, 'step', w.step_index, w.start_ns, w.end_ns "
-            "FROM step_windows_named(?) w JOIN diff_sides s USING (run_id)",
-            [step["name"]],
+            """
+            CREATE OR REPLACE TEMP TABLE diff_step_kept AS
+            SELECT *, phase = 'steady' OR NOT bool_or(phase = 'steady') OVER (PARTITION BY run_id) AS kept FROM (
+                SELECT s.side, w.run_id, s.device, w.step_index, w.start_ns, w.end_ns,
+                       coalesce(p.phase, 'steady') AS phase
+                FROM step_windows_named($name) w JOIN diff_sides s USING (run_id)
+                LEFT JOIN steps_named($name) p USING (run_id, step_index)
+            )
+            """,
+            {"name": step["name"]},
         )
+        con.execute(
+            "INSERT INTO diff_windows SELECT side, run_id, device, 'step', step_index, start_ns, end_ns "
+            "FROM diff_step_kept WHERE kept"
+        )
+        left = con.execute(
+            "SELECT side, phase, count(*) FROM diff_step_kept WHERE NOT kept GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        step["left_out"] = {side: {phase: n for sd, phase, n in left if sd == side} for side in {r[0] for r in left}}
     # phases: user annotations naming prefill / decode, the outermost ones of each phase per run
     con.execute(
         """
@@ -193,11 +237,8 @@ GROUP BY ALL
 # Kernels grouped by family, so a kernel renamed by its template arguments or GPU architecture (volta_sgemm
 # vs ampere_sgemm, sm80 vs sm90) matches across the sides: the name without 'void ', without template
 # arguments / parameter list and with architecture tokens masked.
-FAMILIES_SQL = """
-SELECT h.side,
-       regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''), '[<(].*$', ''),
-                      '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g') AS name,
-       sum(h.ns) AS ns, count(*) AS n
+FAMILIES_SQL = f"""
+SELECT h.side, {KERNEL_FAMILY} AS name, sum(h.ns) AS ns, count(*) AS n
 FROM diff_activity_hits h JOIN gpu_activities a ON a.event_id = h.id
 WHERE a.kind = 'kernel'
 GROUP BY ALL
@@ -214,7 +255,7 @@ child AS (
     SELECT e.parent_id, sum(e.dur_ns) AS child_ns FROM events e
     WHERE e.parent_id IN (SELECT id FROM hits) AND e.dur_ns IS NOT NULL GROUP BY 1
 )
-SELECT h.side, o.name, sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0)) AS ns, count(*) AS n
+SELECT h.side, name_key(o.name) AS name, sum(greatest(o.dur_ns - coalesce(c.child_ns, 0), 0)) AS ns, count(*) AS n
 FROM hits h JOIN cpu_ops o ON o.event_id = h.id LEFT JOIN child c ON c.parent_id = o.event_id
 GROUP BY ALL
 """
@@ -620,10 +661,15 @@ def _num(x):
 def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[str] = (), top: int = 15) -> dict:
     """The diff document (see docs/diff.md) over a database holding both sides."""
     criteria = [parse_accept(a) for a in accept]
+    ranks = same_ranks(con, sides)
+    sides = ranks.sides
+    record_sides(con, sides)
     step_info = find_steps(con, sides, step)
     phases = build_windows(con, sides, step_info)
     e2e = decompose(con, "run", sides, "run", top)
     st = decompose(con, "step", sides, "window", top)
+    overlap = con.execute(WORK_OVERLAP_SQL).fetchone()[0]
+    verdict = comparability(step_info, overlap, ranks)
     ph = {p: decompose(con, f"phase:{p}", sides, "run", top) for p in phases}
     runs = {
         name: [
@@ -643,8 +689,18 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
         "baseline": st["_m"]["sides"]["baseline"]["windows"],
         "candidate": st["_m"]["sides"]["candidate"]["windows"],
         "per_step_ns": {s: st["_m"]["sides"][s]["durations"] for s in SIDES},
+        **({"anchor_kernel": step_info["anchor_kernel"]} if step_info.get("anchor_kernel") else {}),
+        # steps not compared: warm-up, capture or profiler steps of a run that has steady ones
+        "left_out": step_info.get("left_out", {}),
+        "comparable": verdict["comparable"],
+        "comparability": verdict["reason"],
+        "work_overlap": None if overlap is None else round(overlap, 4),
     }
     nz = noise(st["_m"])
+    # what a finding's status is judged by (findings.status): its cost per unit of work on each side
+    nz["units_per_run"] = {s: st["_m"]["sides"][s]["windows"] / max(len(sides[s].run_ids), 1) for s in SIDES}
+    nz["runs"] = {s: len(sides[s].run_ids) for s in SIDES}
+    nz["comparable"], nz["comparability"] = verdict["comparable"], verdict["reason"]
     # per phase: the spread of its occurrences (e.g. every decode step), when both sides have several
     nz["phases"] = {}
     for p, d in ph.items():
@@ -653,6 +709,9 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
         pn["method"] = pn["method"].replace("step-time", "occurrence-time")
         pn["reason"] = pn["reason"].replace("step-time", "occurrence-time").replace("steps", "occurrences")
         nz["phases"][p] = pn
+    if not verdict["comparable"]:
+        for n in (nz, *nz["phases"].values()):
+            n["within_noise"], n["reason"] = None, "not comparable: " + verdict["reason"]
     for d in (e2e, st, *ph.values()):
         d.pop("_m")
     doc = {
@@ -676,6 +735,10 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
         "noise": nz,
     }
     doc["acceptance"] = evaluate(con, criteria, doc)
+    if not verdict["comparable"]:
+        # a verdict on the numbers of two different units of work would be a guess: none is given
+        for a in doc["acceptance"]:
+            a["passed"], a["verdict"] = False, "not comparable"
     doc["passed"] = all(a["passed"] for a in doc["acceptance"])
     return doc
 
@@ -726,7 +789,14 @@ def to_text(doc: dict) -> str:
     )  # fmt: skip
     L.append(f"tracekit diff  {sides}")
     st = doc["steps"]
-    L.append(f"step: {st['name'] or '(whole run)'} [{st['source']}], {st['baseline']} vs {st['candidate']} steps")
+    unit = st["name"] or (
+        f"kernel {st['anchor_kernel'][:60]} to the next" if st.get("anchor_kernel") else "(whole run)"
+    )
+    L.append(f"step: {unit} [{st['source']}], {st['baseline']} vs {st['candidate']} steps")
+    for side, phases in st["left_out"].items():
+        L.append(f"  {side}: left out " + ", ".join(f"{n} {phase} step(s)" for phase, n in phases.items()))
+    if not st["comparable"]:
+        L.append(f"NOT COMPARABLE: {st['comparability']}; the numbers below are no verdict")
     L.append("")
 
     def line(label, d):
@@ -749,7 +819,7 @@ def to_text(doc: dict) -> str:
             + (f"[{_dms(n['ci95_delta_ns'][0])}, {_dms(n['ci95_delta_ns'][1])}]" if n["ci95_delta_ns"] else "n/a")
             + "; "
             + {True: "WITHIN NOISE", False: "outside noise", None: "noise unknown"}[n["within_noise"]]
-            + f" ({n['reason']})"
+            + f" ({n['reason'] if st['comparable'] else 'not comparable: see above'})"
         )
     L.append("")
     L.append(f"What accounts for the step-time delta ({_dms(doc['delta']['step']['delta_ns'])} per step):")
@@ -770,10 +840,14 @@ def to_text(doc: dict) -> str:
         L.append("")
         L.append("Acceptance:")
         for a in doc["acceptance"]:
-            L.append(f"  {'PASS' if a['passed'] else 'FAIL'}  {a['expr']}: measured {_fmt_measured(a)} "
+            L.append(f"  {_verdict(a)}  {a['expr']}: measured {_fmt_measured(a)} "
                      f"(baseline {_val(a, 'baseline')}, candidate {_val(a, 'candidate')})"
                      + (" [delta within noise]" if a.get("within_noise") and a["delta"] else ""))  # fmt: skip
     return "\n".join(L) + "\n"
+
+
+def _verdict(a: dict) -> str:
+    return "N/A " if a.get("verdict") == "not comparable" else "PASS" if a["passed"] else "FAIL"
 
 
 def _val(a, key) -> str:
@@ -793,7 +867,13 @@ def to_markdown(doc: dict) -> str:
     for s in SIDES:
         L.append(f"- **{s}**: " + ", ".join(f"`{r['label']}`" for r in doc[s]["runs"]))
     st = doc["steps"]
-    L += [f"- **step**: `{st['name'] or '(whole run)'}` ({st['source']}), {st['baseline']} vs {st['candidate']}", ""]
+    L += [
+        f"- **step**: `{st['name'] or st.get('anchor_kernel') or '(whole run)'}` ({st['source']}), "
+        f"{st['baseline']} vs {st['candidate']}"
+    ]
+    if not st["comparable"]:
+        L.append(f"- **not comparable**: {st['comparability']}")
+    L.append("")
     L += ["| scope | baseline | candidate | delta | delta % |", "|---|---|---|---|---|"]
     rows = [("end to end (per run)", doc["delta"]["end_to_end"]), ("step (mean)", doc["delta"]["step"])]
     rows += [(f"phase {p} (per run)", d) for p, d in doc["delta"]["phases"].items()]
@@ -813,7 +893,7 @@ def to_markdown(doc: dict) -> str:
     if doc["acceptance"]:
         L += ["", "## Acceptance", "", "| criterion | measured | result |", "|---|---|---|"]
         for a in doc["acceptance"]:
-            L.append(f"| `{a['expr']}` | {_fmt_measured(a)} | {'PASS' if a['passed'] else 'FAIL'} |")
+            L.append(f"| `{a['expr']}` | {_fmt_measured(a)} | {_verdict(a).strip()} |")
     return "\n".join(L) + "\n"
 
 

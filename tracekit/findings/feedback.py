@@ -3,7 +3,8 @@
 - Rank: severity, then score = share of the window the problem costs x the rule's confidence, then
   rule and id (so equal records keep one order across runs).
 - Deduplicate: findings with the same rule and *cause key* (the location without run, rank, device,
-  process, OS thread id and time window: one cause seen on every rank or every run) become one record
+  process, OS thread id and time window, names keyed as in finding ids: one cause seen on every rank
+  or every run) become one record
   with a count, the summed cost and the worst examples.
 - Budget: a record costs `estimate_tokens(json)` = ceil(characters of its compact JSON / 4), a
   deterministic stand-in for a tokenizer (English and JSON average 3.5-4.5 characters per token).
@@ -23,13 +24,12 @@ import json
 import math
 import re
 
-from tracekit.findings.model import SEVERITY_RANK
+from tracekit.findings.model import SEVERITY_RANK, location_key
 from tracekit.units import duration
 
 FEEDBACK_VERSION = "1.0"
 TOKEN_METHOD = "ceil(len(compact JSON) / 4)"
 MAX_EXAMPLES = 3
-_OS_TID = re.compile(r"\bthread \d+\s*")
 # where a cause lives; run, rank, device, pid, tid and window name *an occurrence* of it
 _CAUSE_KEYS = ("stream", "thread_name", "kernel", "op", "input_shapes", "code_path", "launch", "step")
 
@@ -40,10 +40,7 @@ def estimate_tokens(value) -> int:
 
 
 def cause_key(finding: dict) -> str:
-    loc = finding.get("locality", {})
-    where = {k: loc[k] for k in _CAUSE_KEYS if loc.get(k) is not None}
-    if "thread_name" in where:
-        where["thread_name"] = _OS_TID.sub("", str(where["thread_name"]))
+    where = location_key(finding.get("locality", {}), _CAUSE_KEYS)
     if isinstance(where.get("launch"), dict):
         where["launch"] = where["launch"].get("call") or where["launch"]
     return json.dumps([finding["rule"], where], sort_keys=True, default=str)
@@ -141,7 +138,8 @@ def _group_status(entries: list[dict]) -> dict | None:
     if not entries:
         return None
     kinds = [e["status"] for e in entries]
-    for kind in ("regressed", "new", "unchanged"):
+    # the most pressing status of the group: what an agent should look at first
+    for kind in ("regressed", "new", "improved", "unchanged", "not_comparable"):
         if kind in kinds:
             worst = next(e for e in entries if e["status"] == kind)
             return {"status": kind, "trend": worst.get("trend"), "reason": worst["reason"]}

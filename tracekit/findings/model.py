@@ -2,7 +2,8 @@
 
 A finding is local (locality), cheap (next_experiment), verifiable (evidence.sql recomputes
 observed; acceptance names the check that shows a fix worked). Its id hashes the rule and the
-location only, never timings, so the same problem keeps its id across runs and fixes can be tracked.
+location only, never timings, so the same problem keeps its id across runs and fixes can be tracked;
+names in the location are keyed first (`location_key`), so per-run ids inside them do not move it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import json
 import re
 from dataclasses import asdict, dataclass, field
 from importlib import resources
+
+from tracekit.db.names import name_key
 
 FINDING_SCHEMA_VERSION = "1.0"
 SEVERITIES = ("info", "warning", "critical")
@@ -115,12 +118,27 @@ class Finding:
 _ID_KEYS = ("rank", "device", "stream", "thread_name", "kernel", "op", "input_shapes", "code_path", "launch", "step")
 # Kineto names threads "thread 4830 (kv_transfer)": the OS thread id changes every run, the name does not.
 _OS_TID = re.compile(r"\bthread \d+\s*")
+# Host-side names: annotations, ops, frames and step names may carry per-run ids. Kernel names come from
+# compiled code and are the same in every run; shapes and launch configurations are values, not names.
+_NAMED_KEYS = ("op", "step")
+
+
+def location_key(locality: dict, keys: tuple[str, ...]) -> dict:
+    """The locality's `keys` as they identify a place across runs: the thread name without its OS
+    thread id, and host-side names (op, step, each code-path frame) by `name_key`."""
+    where = {k: locality[k] for k in keys if locality.get(k) is not None}
+    if "thread_name" in where:
+        where["thread_name"] = _OS_TID.sub("", str(where["thread_name"]))
+    for k in _NAMED_KEYS:
+        if isinstance(where.get(k), str):
+            where[k] = name_key(where[k])
+    if isinstance(where.get("code_path"), list):
+        where["code_path"] = [name_key(frame) if isinstance(frame, str) else frame for frame in where["code_path"]]
+    return where
 
 
 def finding_id(rule: str, locality: dict) -> str:
-    where = {k: locality[k] for k in _ID_KEYS if locality.get(k) is not None}
-    if "thread_name" in where:
-        where["thread_name"] = _OS_TID.sub("", str(where["thread_name"]))
+    where = location_key(locality, _ID_KEYS)
     digest = hashlib.sha256(json.dumps([rule, where], sort_keys=True, default=str).encode()).hexdigest()
     return f"{rule}-{digest[:12]}"
 

@@ -33,12 +33,13 @@ CREATE OR REPLACE MACRO step_warmup_launch_factor() AS 10.0;
 CREATE OR REPLACE MACRO step_profiler_overhead_share() AS 0.1;
 
 -- What the step rule chose from: one row per (run, annotation name) that can delimit steps, i.e.
--- every `ProfilerStep#N` name and every top-level user annotation name (`#N` suffix removed), with
+-- every `ProfilerStep#N` name and every top-level user annotation name (by `name_key`: `#N` suffix and
+-- per-run ids masked, so `op_id = 150891` and `op_id = 150892` are one name), with
 -- how often it occurs and on which thread most. `choice = 1` is the run's step annotation.
 CREATE OR REPLACE VIEW step_candidates(
     -- the run
     run_id,
-    -- annotation name without a trailing `#N`
+    -- annotation name by `name_key` (without a trailing `#N`, per-run ids masked)
     name,
     -- `ProfilerStep#N` or `most frequent top-level user annotation`
     source,
@@ -53,7 +54,7 @@ CREATE OR REPLACE VIEW step_candidates(
     choice
 ) AS
 WITH annotations AS (
-    SELECT run_id, pid, tid, ts_ns, regexp_replace(name, '#[0-9]+$', '') AS name,
+    SELECT run_id, pid, tid, ts_ns, name_key(name) AS name,
            name LIKE 'ProfilerStep#%' AS profiler_step
     FROM events
     WHERE dur_ns > 0
@@ -72,21 +73,22 @@ SELECT run_id, name, CASE WHEN profiler_step THEN 'ProfilerStep#N' ELSE 'most fr
                                                   ORDER BY profiler_step DESC, occurrences DESC, name) END
 FROM per_name;
 
--- The step windows of every run, delimited by the annotation `step_name` (a trailing `#N` is
--- ignored), or by the step rule when `step_name` is NULL (that is the `step_windows` view). A run
--- without that annotation has no rows; with the rule, a run without a step annotation is one step.
+-- The step windows of every run, delimited by the annotation `step_name` (compared by `name_key`:
+-- a trailing `#N` and per-run ids are ignored), or by the step rule when `step_name` is NULL (that
+-- is the `step_windows` view). A run without that annotation has no rows; with the rule, a run
+-- without a step annotation is one step.
 -- Same columns as `step_windows`.
 --
--- Cost: one scan of the user annotations and cpu_ops (their names without `#N`), plus one of the
+-- Cost: one scan of the user annotations and cpu_ops (their name keys), plus one of the
 -- top-level host events when a run is one step.
 CREATE OR REPLACE MACRO step_windows_named(step_name) AS TABLE
 WITH _chosen AS (
     SELECT run_id, name, source FROM step_candidates WHERE step_name IS NULL AND choice = 1
     UNION ALL
-    SELECT run_id, regexp_replace(step_name, '#[0-9]+$', ''), 'named' FROM runs WHERE step_name IS NOT NULL
+    SELECT run_id, name_key(step_name), 'named' FROM runs WHERE step_name IS NOT NULL
 ), _occurrences AS (
     SELECT e.run_id, e.event_id, e.name AS annotation, c.name, c.source, e.pid, e.tid, e.ts_ns, e.end_ns, e.depth
-    FROM events e JOIN _chosen c ON e.run_id = c.run_id AND regexp_replace(e.name, '#[0-9]+$', '') = c.name
+    FROM events e JOIN _chosen c ON e.run_id = c.run_id AND name_key(e.name) = c.name
     WHERE e.kind IN ('user_annotation', 'cpu_op') AND e.dur_ns > 0
 ), _thread AS (
     SELECT run_id, pid, tid FROM (SELECT run_id, pid, tid, count(DISTINCT ts_ns) AS n FROM _occurrences GROUP BY ALL)
@@ -192,7 +194,7 @@ WITH _w AS MATERIALIZED (
     WHERE e.ph = 'X' AND e.dur_ns > 0 AND e.depth > t.depth AND NOT is_device_kind(e.kind)
       AND e.kind NOT IN ('python_function', 'profiler_span', 'overhead')
       AND NOT (t.name IS NOT NULL AND e.kind IN ('user_annotation', 'cpu_op')
-               AND regexp_replace(e.name, '#[0-9]+$', '') = t.name)
+               AND name_key(e.name) = t.name)
 ), _host_blocks AS (
     SELECT * FROM interval_union('_host_intervals')
 ), _hw AS (
