@@ -1,0 +1,108 @@
+-- Data quality: whether a trace holds what the rules' numbers are built on. A sampled or filtered
+-- trace (HTA's trace_filter output), dropped GPU records, broken flows or a capture without a
+-- steady step still ingest cleanly, and then an idle or overlap share describes the missing data,
+-- not the workload. Each check measures one thing with its threshold; `tracekit analyze` prints the
+-- flagged ones as data-quality notes, and findings built on what they affect are lowered in
+-- confidence (and held at info when `caps_severity`).
+
+-- A main device idle longer than this share of the run window while its next activity had already
+-- been launched means GPU records are missing. On the corpus: at most 0.016 on complete traces,
+-- 0.25 on HTA's event-sampled traces and 0.53 on the trace HTA keeps for its negative queue lengths.
+CREATE OR REPLACE MACRO dq_max_queued_idle_share() AS 0.05;
+
+-- A run whose GPU activities lack a launch record more often than this cannot attribute that
+-- share of its idle time to the host (on the corpus: 0 on most traces, 0.04-0.11 on a few).
+CREATE OR REPLACE MACRO dq_max_unlaunched_share() AS 0.05;
+
+-- A run whose flow arrows lack their end more often than this lost events at the window's edges
+-- or in the profiler's buffers (on the corpus: up to 0.15 on complete traces, 1.0 on one without
+-- GPU activity records).
+CREATE OR REPLACE MACRO dq_max_open_flow_share() AS 0.5;
+
+-- One row per (run, check): what was measured, the threshold, whether it is flagged, what it says
+-- with its numbers, and which measurements it undermines. Checks:
+--
+-- - `idle_with_work_queued`: share of the run window during which the main device is idle although
+--   the activity that ends the gap had been launched before the gap began (`idle_gaps` cause
+--   `other` with a launch record). A complete trace cannot show that: the device would be running
+--   the queued work. So GPU records are missing (an event-sampled or filtered trace, records
+--   dropped by CUPTI) or another process shares the device. Undermines the GPU timeline: idle,
+--   busy and overlap shares.
+-- - `gpu_work_without_launch`: share of GPU activities with no runtime call of their correlation id
+--   (runs with runtime calls only). Undermines host attribution of idle time and launch statistics.
+-- - `flows_without_end`: share of flow arrows without their end event.
+-- - `no_steady_step`: steps delimited by annotations, none of them `steady` (`steps.phase`): the
+--   capture is all start-up, CUDA-graph capture or profiler bookkeeping. Undermines every
+--   steady-state number.
+CREATE OR REPLACE VIEW data_quality(
+    -- the run
+    run_id,
+    -- the check's name (see above)
+    check_name,
+    -- what was measured (a share, or a count for `no_steady_step`)
+    value,
+    -- the threshold: flagged above it (for `no_steady_step`: below it)
+    threshold,
+    -- whether the value is past the threshold
+    flagged,
+    -- one sentence with the numbers, for the report
+    detail,
+    -- the measurements the check undermines: `gpu_timeline`, `launch_attribution`, `steady_state`
+    affects,
+    -- whether a finding built on an affected measurement is held at info while flagged (else only
+    -- its confidence is lowered)
+    caps_severity
+) AS
+WITH windows AS (
+    SELECT run_id, end_ns - start_ns AS window_ns FROM runs WHERE end_ns > start_ns
+), queued AS (
+    SELECT g.run_id, any_value(g.device) AS device, count(*) AS gaps, sum(g.dur_ns) AS idle_ns
+    FROM idle_gaps g JOIN main_device m ON m.run_id = g.run_id AND m.device = g.device
+    WHERE g.cause = 'other' AND g.runtime_event_id IS NOT NULL
+    GROUP BY g.run_id
+), launched AS (
+    SELECT a.run_id, count(*) AS activities, count(f.gpu_event_id) AS with_launch
+    FROM gpu_activities a LEFT JOIN first_launches f ON f.run_id = a.run_id AND f.gpu_event_id = a.event_id
+    WHERE a.run_id IN (SELECT run_id FROM runtime_calls)
+    GROUP BY a.run_id
+), flow_ends AS (
+    SELECT run_id, count(*) AS flows, count(*) FILTER (WHERE end_event_id IS NULL) AS open FROM flows GROUP BY run_id
+), phases AS (
+    SELECT run_id, count(*) AS steps, count(*) FILTER (WHERE phase = 'steady') AS steady,
+           string_agg(DISTINCT phase, ', ' ORDER BY phase) AS seen
+    FROM steps WHERE source <> 'whole run' GROUP BY run_id
+), checks AS (
+    SELECT w.run_id, 'idle_with_work_queued' AS check_name, coalesce(q.idle_ns, 0) / w.window_ns AS value,
+           dq_max_queued_idle_share() AS threshold,
+           format('GPU {} idles {} ms ({:.1f}% of the window) in {} gaps although the work that ends each gap was '
+                  'already launched: GPU activity records are missing (a sampled or filtered trace, records dropped '
+                  'by the profiler) or another process shares the GPU; idle, busy and overlap shares are not reliable',
+                  q.device, round(q.idle_ns / 1e6, 2), 100 * q.idle_ns / w.window_ns, q.gaps) AS detail,
+           ['gpu_timeline'] AS affects, true AS caps_severity
+    FROM windows w LEFT JOIN queued q ON q.run_id = w.run_id
+    WHERE w.run_id IN (SELECT run_id FROM gpu_activities)
+    UNION ALL
+    SELECT run_id, 'gpu_work_without_launch', 1 - with_launch / activities, dq_max_unlaunched_share(),
+           format('{} of {} GPU activities ({:.1f}%) have no launch record (no runtime call with their correlation '
+                  'id): idle before them cannot be attributed to the host', activities - with_launch, activities,
+                  100 * (1 - with_launch / activities)),
+           ['launch_attribution'], false
+    FROM launched
+    UNION ALL
+    SELECT run_id, 'flows_without_end', open / flows, dq_max_open_flow_share(),
+           format('{} of {} flow arrows ({:.1f}%) have no end event: events were lost at the window''s edges or '
+                  'in the profiler''s buffers', open, flows, 100 * open / flows),
+           []::VARCHAR[], false
+    FROM flow_ends
+    UNION ALL
+    SELECT run_id, 'no_steady_step', steady, 1,
+           format('none of the {} steps is steady (phases: {}): the capture holds only start-up, CUDA-graph capture '
+                  'or profiler bookkeeping; profile later steps (torch.profiler schedule with wait and warmup)',
+                  steps, seen),
+           ['steady_state'], false
+    FROM phases
+)
+SELECT run_id, check_name, CAST(value AS DOUBLE), CAST(threshold AS DOUBLE),
+       CASE WHEN check_name = 'no_steady_step' THEN value < threshold ELSE value > threshold END,
+       detail, affects, caps_severity
+FROM checks;
