@@ -40,6 +40,7 @@ and `non_blocking=True`, and read it one step late.
 
 from __future__ import annotations
 
+from tracekit.engine import advice, quality
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
@@ -69,6 +70,10 @@ FROM host_blocking_exempting($small_htod_bytes)
 WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
   AND site = $site
 """
+
+
+# What H001's numbers rest on, for data-quality checks that undermine them.
+_USES = (quality.GPU_TIMELINE, quality.STEADY_STATE)
 
 
 @rule(
@@ -104,16 +109,18 @@ def check(con, params, ctx):
             },
         )
         for site in sites:
-            yield _finding(ctx, run, params, site)
+            yield quality.qualify(ctx, _finding(ctx, run, params, site), _USES)
 
 
 def _finding(ctx, run, params, s) -> Finding:
     cost = int(s.gpu_idle_after_ns)
     implicit = s.blocking == "sync"
     calls = f"{s.charged_calls} of {s.calls}" if s.charged_calls < s.calls else f"{s.calls}"
+    context = ctx.workload(run.run_id)
+    advised = advice.blocking_call(context, s.blocking, s.site)
     return Finding(
         rule="H001",
-        severity=by_share(cost / run.window_ns, params),
+        severity=advised.cap(by_share(cost / run.window_ns, params)),
         confidence=0.9 if implicit else 0.8,
         title=(
             f"GPU idle {duration(cost)} after {calls} blocking {s.call} ({s.blocking}) "
@@ -147,19 +154,22 @@ def _finding(ctx, run, params, s) -> Finding:
             "small_htod_bytes": params["small_htod_bytes"],
         },
         sample_event_ids=s.sample_event_ids,
-        hypothesis=(
-            f"{s.site} forces the host to wait for the GPU every time it runs "
-            f"({'an implicit sync such as .item()/.cpu()/.tolist()' if implicit else s.blocking}); "
-            "while it waits nothing is enqueued, so the GPU idles after each call."
-        ),
-        next_experiment=(
-            "Run the loop with `torch.cuda.set_sync_debug_mode('warn')` to get the Python line of each "
-            "implicit sync, then move the check off the per-step path (read the value one step late "
-            "through a pinned buffer with non_blocking=True) and re-profile."
-        ),
+        hypothesis=_hypothesis(s, implicit, context),
+        next_experiment=advised.text,
         acceptance=rerun(
             "trace",
             f"calls at this site drop to 0 (or below {params['min_calls']}) and rule G001 reports less idle time "
             "on the stream it fed.",
         ),
+    )
+
+
+def _hypothesis(s, implicit: bool, context) -> str:
+    if context.framework == "native":
+        what = f"{s.call} ({s.blocking})"
+    else:
+        what = "an implicit sync such as .item()/.cpu()/.tolist()" if implicit else s.blocking
+    return (
+        f"{s.site} forces the host to wait for the GPU every time it runs ({what}); "
+        "while it waits nothing is enqueued, so the GPU idles after each call."
     )

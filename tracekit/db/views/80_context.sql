@@ -62,7 +62,10 @@ CREATE OR REPLACE VIEW workload_context(
     data_loader_ns,
     -- all-reduce kernels per step (`step_windows`): many more than
     -- `context_many_allreduces_per_step()` means gradients are reduced tensor by tensor
-    allreduces_per_step
+    allreduces_per_step,
+    -- allreduces_per_step is at least `context_many_allreduces_per_step()`: gradients are reduced
+    -- tensor by tensor, not in buckets
+    per_tensor_allreduce
 ) AS
 WITH host AS (
     SELECT run_id, kind, name, dur_ns, pid, tid, ts_ns, end_ns FROM events
@@ -96,7 +99,7 @@ WITH host AS (
            count(*) FILTER (WHERE name LIKE 'MPI\_%' ESCAPE '\' OR name LIKE 'PMPI\_%' ESCAPE '\') AS mpi_calls,
            count(*) FILTER (WHERE name LIKE '%_SingleProcessDataLoaderIter%') AS single_loader,
            count(*) FILTER (WHERE name LIKE '%_MultiProcessingDataLoaderIter%') AS worker_loader,
-           coalesce(sum(dur_ns) FILTER (WHERE kind = 'user_annotation' AND name LIKE 'enumerate(DataLoader)%'), 0)
+           coalesce(sum(dur_ns) FILTER (WHERE kind IN ('cpu_op', 'user_annotation') AND name LIKE 'enumerate(DataLoader)%'), 0)
                AS data_loader_ns
     FROM host GROUP BY run_id
 ), gpu AS (
@@ -157,5 +160,6 @@ SELECT run_id,
        CAST(broadcast_ns AS BIGINT),
        CASE WHEN single_loader > 0 THEN 'single-process' WHEN worker_loader > 0 THEN 'workers' END,
        CAST(coalesce(data_loader_ns, 0) AS BIGINT),
-       round(allreduce_kernels / steps, 1)
+       round(allreduce_kernels / steps, 1),
+       allreduce_kernels / steps >= context_many_allreduces_per_step()
 FROM classified;
