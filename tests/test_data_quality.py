@@ -1,0 +1,73 @@
+"""Data-quality checks on real traces: said out loud, and lowering the findings built on them."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import corpus, run_rule, sample
+from tracekit.engine.runner import run_rules
+
+SAMPLED = ("hta__trace_filter__sampled_rank-0.json.gz", "hta__trace_filter__sampled_rank-1.json.gz")
+INCONSISTENT = "hta__negative_queue_length_values_check__rank0.json.gz"
+
+
+def flagged(con) -> dict:
+    return {
+        name: (value, threshold)
+        for name, value, threshold in con.execute(
+            "SELECT check_name, value, threshold FROM data_quality WHERE flagged"
+        ).fetchall()
+    }
+
+
+@pytest.mark.parametrize("name", [*SAMPLED, INCONSISTENT])
+def test_missing_gpu_records_are_flagged(loaded, name):
+    value, threshold = flagged(loaded(corpus(name)))["idle_with_work_queued"]
+    assert value > 4 * threshold  # far past it, not a borderline call
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hta__nccl_parser_config__nccl_data.json.gz",
+        "hta__df_index_resolver.json.gz",
+        "hta__trace_diff__control.json.gz",
+        "pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite",
+    ],
+)
+def test_complete_traces_are_not_flagged_for_missing_gpu_records(loaded, name):
+    assert "idle_with_work_queued" not in flagged(loaded(corpus(name)))
+
+
+def test_gpu_work_without_launch_is_counted(loaded):
+    con = loaded(corpus(INCONSISTENT))
+    missing, total = con.execute(
+        "SELECT count(*) FILTER (WHERE f.gpu_event_id IS NULL), count(*) FROM gpu_activities a "
+        "LEFT JOIN first_launches f ON f.run_id = a.run_id AND f.gpu_event_id = a.event_id"
+    ).fetchone()
+    value, _ = flagged(con)["gpu_work_without_launch"]
+    assert value == pytest.approx(missing / total) and missing > 0
+
+
+@pytest.mark.parametrize(("name", "rule"), [(SAMPLED[0], "G001"), (SAMPLED[0], "C001"), (INCONSISTENT, "G001")])
+def test_findings_built_on_missing_gpu_records_are_held_at_info(loaded, name, rule):
+    findings, _ = run_rule(loaded(corpus(name)), rule)
+    assert findings
+    for f in findings:
+        assert f.severity == "info" and f.confidence <= 0.3
+        assert "idle_with_work_queued" in [d["check"] for d in f.extra["data_quality"]]
+        assert any("idle_with_work_queued" in c for c in f.caveats)
+
+
+def test_notes_carry_the_numbers_into_the_report(loaded):
+    con = loaded(corpus(INCONSISTENT))
+    _, notes = run_rules(con, ["G001"])
+    note = next(n.as_dict() for n in notes if n.check == "idle_with_work_queued")
+    assert note["value"] > note["threshold"] and "% of the window" in note["message"]
+
+
+def test_a_clean_sample_has_no_notes_and_keeps_its_severity(loaded):
+    con = loaded(sample("gpu_prefill_decode_eager.json.gz"))
+    assert flagged(con) == {}
+    findings, _ = run_rule(con, "G001")
+    assert [f.severity for f in findings] == ["critical"] and "data_quality" not in findings[0].extra
