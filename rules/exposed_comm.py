@@ -96,7 +96,7 @@ def check(con, params, ctx):
         by_overlap = overlap_pct < params["max_overlap_pct"] and comm / window >= params["min_comm_share"]
         if by_share or by_overlap:
             finding = _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels)
-            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE, quality.STEADY_STATE))
+            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
 
 
 def _unrecognised_collectives(con, ctx, world, with_comm):
@@ -154,7 +154,7 @@ def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stre
             f"Most exposed comm is rank {run.rank} waiting inside the collective for rank {late_rank}, which launches "
             f"the same collective a median {duration(cross.median_skew_ns)} later: the time is skew, not transfer, "
             "so NCCL tuning or overlap will not remove it.",
-            advice.exposed_comm(context, "waiting", collective, late_rank),
+            advice.exposed_comm(context, "waiting", collective, run.rank, late_rank),
         )
     if nbytes is not None and nbytes < SMALL_MESSAGE_BYTES:
         return (

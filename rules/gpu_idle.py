@@ -65,7 +65,7 @@ from tracekit.rules import _idle_gaps
 from tracekit.units import duration
 
 # What G001's numbers rest on, for data-quality checks that undermine them.
-_USES = (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION, quality.STEADY_STATE)
+_USES = (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION)
 _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "kernel wait", "other": "other"}
 
 

@@ -73,7 +73,7 @@ WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT
 
 
 # What H001's numbers rest on, for data-quality checks that undermine them.
-_USES = (quality.GPU_TIMELINE, quality.STEADY_STATE)
+_USES = (quality.GPU_TIMELINE,)
 
 
 @rule(

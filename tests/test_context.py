@@ -71,7 +71,7 @@ def test_decode_loop_keeps_cuda_graph_advice_and_training_is_not_told_about_deco
     (g001,) = [f for f in run_rule(eager, "G001")[0] if f.severity != "info"]
     assert "CUDA graph" in g001.next_experiment
     training = context_of(loaded(corpus("hta__df_index_resolver.json.gz")))
-    waiting = advice.exposed_comm(training, "waiting", "allreduce", late_rank=0)
+    waiting = advice.exposed_comm(training, "waiting", "allreduce", rank=1, late_rank=0)
     assert "decode" not in waiting.text
 
 

@@ -177,9 +177,9 @@ def blocking_call(context, blocking: str, site: str) -> Advice:
     )
 
 
-def exposed_comm(context, kind: str, collective: str | None, late_rank=None) -> Advice:
-    """C001: exposed communication that is `waiting` (for a late peer), `small` (latency-bound
-    messages) or `not_overlapped`."""
+def exposed_comm(context, kind: str, collective: str | None, rank=None, late_rank=None) -> Advice:
+    """C001: exposed communication of `rank` that is `waiting` (for `late_rank`), `small`
+    (latency-bound messages) or `not_overlapped`."""
     inference = _is(context, "workload", "inference")
     if kind == "waiting":
         cut = (
@@ -189,7 +189,7 @@ def exposed_comm(context, kind: str, collective: str | None, late_rank=None) -> 
         )
         return Advice(
             f"Find why rank {late_rank} reaches each collective late: compare its per-thread CPU time and GPU busy "
-            "share with this rank's (tracekit summary), and look for host-bound findings (H001 host-sync, launch "
+            f"share with rank {rank}'s (tracekit summary), and look for host-bound findings (H001 host-sync, launch "
             f"overhead) on it; then cut its host work per step ({cut}) or rebalance its work. Start the profilers of "
             "all ranks after a torch.distributed.barrier() so the first collective does not absorb start-up skew, and "
             "re-profile all ranks."

@@ -15,25 +15,33 @@ DOUBTED_CONFIDENCE_FACTOR = 0.8
 # What a finding's numbers may rest on, as the view's `affects` names them.
 GPU_TIMELINE = "gpu_timeline"
 LAUNCH_ATTRIBUTION = "launch_attribution"
-STEADY_STATE = "steady_state"
 
 
-def flagged_checks(con) -> list:
-    """The flagged rows of `data_quality`, every run, in (run, check) order."""
+def flagged_checks(con) -> tuple[list, str | None]:
+    """The flagged rows of `data_quality`, every run, in (run, check) order, and why they could not
+    be computed (e.g. out of memory on a huge trace), else None."""
+    import duckdb
+
     from tracekit.engine.toolkit import rows
 
-    return rows(
-        con,
-        "SELECT run_id, check_name, value, threshold, detail, affects, caps_severity FROM data_quality "
-        "WHERE flagged ORDER BY run_id, check_name",
-    )
+    try:
+        found = rows(
+            con,
+            "SELECT run_id, check_name, value, threshold, detail, affects, caps_severity FROM data_quality "
+            "WHERE flagged ORDER BY run_id, check_name",
+        )
+    except duckdb.Error as e:
+        return [], " ".join(str(e).split())[:300]
+    return found, None
 
 
-def notes(checks) -> list[DataQuality]:
-    """One data-quality note per flagged check, with its numbers."""
+def notes(ctx) -> list[DataQuality]:
+    """One data-quality note per flagged check, with its numbers (or one saying the checks failed)."""
+    if ctx.data_quality_error:
+        return [DataQuality("data-quality", f"data-quality checks failed: {ctx.data_quality_error}")]
     return [
         DataQuality(c.check_name, c.detail, c.run_id, check=c.check_name, value=c.value, threshold=c.threshold)
-        for c in checks
+        for c in ctx.data_quality()
     ]
 
 

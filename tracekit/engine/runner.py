@@ -27,7 +27,7 @@ def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | No
     rules = [get_rule(k) for k in select] if select else all_rules()
     ctx = Context(con)
     findings: list[Finding] = []
-    notes: list[DataQuality] = quality.notes(ctx.data_quality())
+    notes: list[DataQuality] = quality.notes(ctx)
     for rule in rules:
         missing = missing_inputs(con, rule)
         if missing:

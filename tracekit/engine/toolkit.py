@@ -79,9 +79,15 @@ class Context:
 
     @functools.cached_property
     def _workloads(self) -> tuple[dict, type]:
-        cur = self.con.execute("SELECT * FROM workload_context")
+        import duckdb
+
+        cur = self.con.execute("SELECT * FROM workload_context LIMIT 0")
         row_type = _row_type(tuple(d[0] for d in cur.description))
-        return {r[0]: row_type._make(r) for r in cur.fetchall()}, row_type
+        try:
+            found = self.con.execute("SELECT * FROM workload_context").fetchall()
+        except duckdb.Error:  # e.g. out of memory: advice then falls back to what fits any workload
+            found = []
+        return {r[0]: row_type._make(r) for r in found}, row_type
 
     def workload(self, run_id: int):
         """The run's `workload_context` row (every column None for a run the view has no row for):
@@ -90,14 +96,19 @@ class Context:
         return found.get(run_id) or row_type._make([run_id] + [None] * (len(row_type._fields) - 1))
 
     @functools.cached_property
-    def _flagged_checks(self) -> list:
+    def _flagged_checks(self) -> tuple[list, str | None]:
         from tracekit.engine.quality import flagged_checks
 
         return flagged_checks(self.con)
 
     def data_quality(self, run_id: int | None = None) -> list:
         """The flagged `data_quality` checks of a run (of every run when run_id is None)."""
-        return [c for c in self._flagged_checks if run_id is None or c.run_id == run_id]
+        return [c for c in self._flagged_checks[0] if run_id is None or c.run_id == run_id]
+
+    @property
+    def data_quality_error(self) -> str | None:
+        """Why the data-quality checks could not be computed, else None."""
+        return self._flagged_checks[1]
 
     def thread_name(self, run_id: int, pid: int, tid: int) -> str | None:
         row = self.con.execute(

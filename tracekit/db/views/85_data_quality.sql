@@ -1,6 +1,5 @@
 -- Data quality: whether a trace holds what the rules' numbers are built on. A sampled or filtered
--- trace (HTA's trace_filter output), dropped GPU records, broken flows or a capture without a
--- steady step still ingest cleanly, and then an idle or overlap share describes the missing data,
+-- trace (HTA's trace_filter output), dropped GPU records or broken flows still ingest cleanly, and then an idle or overlap share describes the missing data,
 -- not the workload. Each check measures one thing with its threshold; `tracekit analyze` prints the
 -- flagged ones as data-quality notes, and findings built on what they affect are lowered in
 -- confidence (and held at info when `caps_severity`).
@@ -31,23 +30,23 @@ CREATE OR REPLACE MACRO dq_max_open_flow_share() AS 0.5;
 -- - `gpu_work_without_launch`: share of GPU activities with no runtime call of their correlation id
 --   (runs with runtime calls only). Undermines host attribution of idle time and launch statistics.
 -- - `flows_without_end`: share of flow arrows without their end event.
--- - `no_steady_step`: steps delimited by annotations, none of them `steady` (`steps.phase`): the
---   capture is all start-up, CUDA-graph capture or profiler bookkeeping. Undermines every
---   steady-state number.
+--
+-- A capture without a steady step is not a check here: `steps.phase` says which steps are
+-- start-up, capture or profiler bookkeeping, and the rules that measure steady state read it.
 CREATE OR REPLACE VIEW data_quality(
     -- the run
     run_id,
     -- the check's name (see above)
     check_name,
-    -- what was measured (a share, or a count for `no_steady_step`)
+    -- what was measured: a share
     value,
-    -- the threshold: flagged above it (for `no_steady_step`: below it)
+    -- the threshold: flagged above it
     threshold,
     -- whether the value is past the threshold
     flagged,
     -- one sentence with the numbers, for the report
     detail,
-    -- the measurements the check undermines: `gpu_timeline`, `launch_attribution`, `steady_state`
+    -- the measurements the check undermines: `gpu_timeline`, `launch_attribution`
     affects,
     -- whether a finding built on an affected measurement is held at info while flagged (else only
     -- its confidence is lowered)
@@ -67,10 +66,6 @@ WITH windows AS (
     GROUP BY a.run_id
 ), flow_ends AS (
     SELECT run_id, count(*) AS flows, count(*) FILTER (WHERE end_event_id IS NULL) AS open FROM flows GROUP BY run_id
-), phases AS (
-    SELECT run_id, count(*) AS steps, count(*) FILTER (WHERE phase = 'steady') AS steady,
-           string_agg(DISTINCT phase, ', ' ORDER BY phase) AS seen
-    FROM steps WHERE source <> 'whole run' GROUP BY run_id
 ), checks AS (
     SELECT w.run_id, 'idle_with_work_queued' AS check_name, coalesce(q.idle_ns, 0) / w.window_ns AS value,
            dq_max_queued_idle_share() AS threshold,
@@ -94,15 +89,6 @@ WITH windows AS (
                   'in the profiler''s buffers', open, flows, 100 * open / flows),
            []::VARCHAR[], false
     FROM flow_ends
-    UNION ALL
-    SELECT run_id, 'no_steady_step', steady, 1,
-           format('none of the {} steps is steady (phases: {}): the capture holds only start-up, CUDA-graph capture '
-                  'or profiler bookkeeping; profile later steps (torch.profiler schedule with wait and warmup)',
-                  steps, seen),
-           ['steady_state'], false
-    FROM phases
 )
-SELECT run_id, check_name, CAST(value AS DOUBLE), CAST(threshold AS DOUBLE),
-       CASE WHEN check_name = 'no_steady_step' THEN value < threshold ELSE value > threshold END,
-       detail, affects, caps_severity
+SELECT run_id, check_name, CAST(value AS DOUBLE), CAST(threshold AS DOUBLE), value > threshold, detail, affects, caps_severity
 FROM checks;
