@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import corpus, run_rule, sample
@@ -71,3 +77,19 @@ def test_a_clean_sample_has_no_notes_and_keeps_its_severity(loaded):
     assert flagged(con) == {}
     findings, _ = run_rule(con, "G001")
     assert [f.severity for f in findings] == ["critical"] and "data_quality" not in findings[0].extra
+
+
+def test_analyze_says_it_before_the_findings_and_in_json():
+    tracekit = Path(sys.executable).with_name("tracekit")
+    path = corpus(SAMPLED[1])
+    wide = {**os.environ, "COLUMNS": "400"}
+    text = subprocess.run([tracekit, "analyze", path], capture_output=True, text=True, timeout=300, env=wide)
+    lines = text.stdout.splitlines()
+    said = next(i for i, line in enumerate(lines) if line.startswith("data quality (run 1): GPU 1 idles"))
+    assert said < next(i for i, line in enumerate(lines) if " findings (" in line)
+    doc = json.loads(
+        subprocess.run([tracekit, "analyze", path, "-f", "json"], capture_output=True, text=True, timeout=300).stdout
+    )
+    (note,) = [d for d in doc["data_quality"] if d.get("check") == "idle_with_work_queued"]
+    assert note["value"] > note["threshold"]
+    assert doc["severity_counts"]["critical"] == doc["severity_counts"]["warning"] == 0
