@@ -83,3 +83,22 @@ def test_advice_without_a_specific_fit_holds_the_finding_at_info(loaded):
     assert findings and all(f.severity == "info" for f in findings)
     assert all("DataLoader" not in f.next_experiment for f in findings)
     assert advice.unattributed(context_of(con)).cap("critical") == "info"
+
+
+def test_graph_recipe_fits_training_and_compiled_steps(loaded):
+    training = context_of(loaded(sample("warm_steady_steps.json.gz")))
+    assert training.workload == "training"
+    text = advice.launch_bound_step(training, "static").text
+    assert "capturable=True" in text and "decode" not in text
+    compiled = context_of(loaded(corpus("hta__df_index_resolver.json.gz")))
+    assert 'mode="reduce-overhead"' in advice.host_gaps(compiled, "launch_bound", 1).text
+
+
+def test_torchrec_input_dist_copies_get_the_pipeline(loaded):
+    con = loaded(sample("pageable_dtoh_region.json.gz"))
+    torchrec = context_of(con)
+    assert torchrec.engine == "torchrec"
+    text = advice.blocking_call(torchrec, "pageable async memcpy", "## sparse_data_dist ##").text
+    assert "TrainPipelineSparseDist" in text
+    # the same copy elsewhere in the step is a plain pinned-memory fix
+    assert "TrainPipelineSparseDist" not in advice.blocking_call(torchrec, "pageable async memcpy", "aten::copy_").text

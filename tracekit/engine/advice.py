@@ -19,6 +19,12 @@ from tracekit.engine.phrases import CUDA_GRAPH_RECIPE
 # is at least this share of it.
 MATERIAL_SHARE = 0.05
 
+TRAINING_GRAPH_RECIPE = (
+    '`torch.compile(model, mode="reduce-overhead")`, or capture the whole training step (forward, backward and '
+    "an optimizer built with `capturable=True`) with `torch.cuda.graph` on static input buffers, or "
+    "`torch.cuda.make_graphed_callables` for the model alone"
+)
+
 NATIVE_GRAPH_RECIPE = (
     "capture the repeated kernel sequence once (`cudaStreamBeginCapture`/`cudaStreamEndCapture`, "
     "`cudaGraphInstantiate`) and replay it with one `cudaGraphLaunch` per iteration"
@@ -45,6 +51,19 @@ def _is(context, field: str, value) -> bool:
 
 def _material(ns, of_ns) -> bool:
     return bool(ns) and bool(of_ns) and ns >= MATERIAL_SHARE * of_ns
+
+
+def _graph_it(context) -> str:
+    """How to put a repeated PyTorch step in a CUDA graph, for this workload."""
+    if _is(context, "engine", "vllm") and _is(context, "execution", "eager"):
+        return "run vLLM without `enforce_eager`/`--enforce-eager`, so it captures the decode batches in CUDA graphs"
+    if _is(context, "engine", "sglang") and _is(context, "execution", "eager"):
+        return "run SGLang without `--disable-cuda-graph`, so it captures the decode batches in CUDA graphs"
+    if _is(context, "execution", "compiled"):
+        return 'the step is already compiled: compile it with `mode="reduce-overhead"` so Inductor adds CUDA graphs'
+    if _is(context, "workload", "training"):
+        return TRAINING_GRAPH_RECIPE
+    return CUDA_GRAPH_RECIPE
 
 
 def host_gaps(context, kind: str, host_idle_ns: int) -> Advice:
@@ -153,7 +172,13 @@ def blocking_call(context, blocking: str, site: str) -> Advice:
             "stream, and wait for it only where the host needs the data (e.g. before the MPI send), so kernels of "
             "the next chunk overlap the copy; re-profile."
         )
-    if site == "DistributedDataParallel.forward":
+    if _is(context, "engine", "torchrec") and "sparse_data_dist" in site:
+        return Advice(
+            "TorchRec's input distribution reads lengths and splits back to the host to size its all-to-all: train "
+            "with `TrainPipelineSparseDist`, which runs the sparse data dist of the next batch on a side stream while "
+            "this one computes, and keep the copies it still needs in pinned memory; re-profile."
+        )
+    if "DistributedDataParallel" in site:
         return Advice(
             "These syncs come from DistributedDataParallel broadcasting buffers at every forward: construct DDP "
             "with `broadcast_buffers=False` (SyncBatchNorm where statistics must agree) and re-profile."
@@ -256,7 +281,7 @@ def launch_bound_step(context, kind: str, where_hint: str = "") -> Advice:
         )
     if kind == "static":
         return Advice(
-            f"Capture one step in a CUDA graph and replay it: {CUDA_GRAPH_RECIPE}; keep host syncs out of the "
+            f"Capture one step in a CUDA graph and replay it: {_graph_it(context)}; keep host syncs out of the "
             f"captured region{where_hint}. Re-profile the same loop."
         )
     if kind == "dynamic":
