@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import corpus, run_rule, sample
 from tracekit.engine.runner import run_rules
+from tracekit.ingest.pipeline import ingest
 
 SAMPLED = ("hta__trace_filter__sampled_rank-0.json.gz", "hta__trace_filter__sampled_rank-1.json.gz")
 INCONSISTENT = "hta__negative_queue_length_values_check__rank0.json.gz"
@@ -93,3 +94,24 @@ def test_analyze_says_it_before_the_findings_and_in_json():
     (note,) = [d for d in doc["data_quality"] if d.get("check") == "idle_with_work_queued"]
     assert note["value"] > note["threshold"]
     assert doc["severity_counts"]["critical"] == doc["severity_counts"]["warning"] == 0
+
+
+def test_records_the_profiler_reports_dropping_are_counted(tmp_path, fresh_db):
+    # Kineto writes its logger warnings into the trace when it keeps logger metadata; no corpus trace
+    # dropped records, so this is a hand-made one with the warning as Kineto words it
+    trace = {
+        "schemaVersion": 1,
+        "WARNING": ["WARNING:2026-01-01 00:00:00 1:1 CuptiActivityApi.cpp:270] Dropped 120 activity records"],
+        "traceEvents": [
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 0, "dur": 10},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 2, "dur": 5,
+             "args": {"correlation": 7}},
+            {"ph": "X", "cat": "kernel", "name": "gemm", "pid": 0, "tid": 7, "ts": 8, "dur": 20,
+             "args": {"correlation": 7, "device": 0, "stream": 7}},
+        ],
+    }  # fmt: skip
+    path = tmp_path / "dropped.json"
+    path.write_text(json.dumps(trace))
+    ingest(fresh_db, [path])
+    value, threshold = flagged(fresh_db)["profiler_dropped_records"]
+    assert value == pytest.approx(120 / 2) and threshold == 0

@@ -30,6 +30,10 @@ CREATE OR REPLACE MACRO dq_max_open_flow_share() AS 0.5;
 -- - `gpu_work_without_launch`: share of GPU activities with no runtime call of their correlation id
 --   (runs with runtime calls only). Undermines host attribution of idle time and launch statistics.
 -- - `flows_without_end`: share of flow arrows without their end event.
+-- - `profiler_dropped_records`: activity records the profiler itself reports dropping (Kineto
+--   writes its `Dropped N activity records` warnings into the trace's metadata when its logger
+--   metadata is kept), as a share of the GPU activities and runtime calls kept. Undermines the GPU
+--   timeline and host attribution.
 --
 -- A capture without a steady step is not a check here: `steps.phase` says which steps are
 -- start-up, capture or profiler bookkeeping, and the rules that measure steady state read it.
@@ -66,13 +70,21 @@ WITH windows AS (
     GROUP BY a.run_id
 ), flow_ends AS (
     SELECT run_id, count(*) AS flows, count(*) FILTER (WHERE end_event_id IS NULL) AS open FROM flows GROUP BY run_id
+), dropped AS (
+    SELECT r.run_id, sum(CAST(n AS BIGINT)) AS records,
+           (SELECT count(*) FROM gpu_activities a WHERE a.run_id = r.run_id)
+           + (SELECT count(*) FROM runtime_calls c WHERE c.run_id = r.run_id) AS kept
+    FROM runs r, unnest(regexp_extract_all(CAST(r.metadata AS VARCHAR), 'Dropped ([0-9]+) [a-z ]*records', 1)) AS t(n)
+    GROUP BY r.run_id
 ), checks AS (
     SELECT w.run_id, 'idle_with_work_queued' AS check_name, coalesce(q.idle_ns, 0) / w.window_ns AS value,
            dq_max_queued_idle_share() AS threshold,
-           format('GPU {} idles {} ms ({:.1f}% of the window) in {} gaps although the work that ends each gap was '
-                  'already launched: GPU activity records are missing (a sampled or filtered trace, records dropped '
-                  'by the profiler) or another process shares the GPU; idle, busy and overlap shares are not reliable',
-                  q.device, round(q.idle_ns / 1e6, 2), 100 * q.idle_ns / w.window_ns, q.gaps) AS detail,
+           CASE WHEN q.gaps IS NULL THEN 'the main device never idles with its next work already launched'
+                ELSE format('GPU {} idles {} ms ({:.1f}% of the window) in {} gaps although the work that ends each '
+                            'gap was already launched: GPU activity records are missing (a sampled or filtered trace, '
+                            'records dropped by the profiler) or another process shares the GPU; idle, busy and '
+                            'overlap shares are not reliable',
+                            q.device, round(q.idle_ns / 1e6, 2), 100 * q.idle_ns / w.window_ns, q.gaps) END AS detail,
            ['gpu_timeline'] AS affects, true AS caps_severity
     FROM windows w LEFT JOIN queued q ON q.run_id = w.run_id
     WHERE w.run_id IN (SELECT run_id FROM gpu_activities)
@@ -89,6 +101,12 @@ WITH windows AS (
                   'in the profiler''s buffers', open, flows, 100 * open / flows),
            []::VARCHAR[], false
     FROM flow_ends
+    UNION ALL
+    SELECT run_id, 'profiler_dropped_records', records / greatest(kept, 1), 0,
+           format('the profiler reports dropping {} activity records (the trace kept {} GPU activities and runtime '
+                  'calls): the GPU timeline and launch records have holes', records, kept),
+           ['gpu_timeline', 'launch_attribution'], false
+    FROM dropped
 )
 SELECT run_id, check_name, CAST(value AS DOUBLE), CAST(threshold AS DOUBLE), value > threshold, detail, affects, caps_severity
 FROM checks;
