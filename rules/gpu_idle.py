@@ -175,7 +175,7 @@ def _explain(s, split, dominant, params, graph_launches, site_text, device, cont
         return (
             f"{host_share:.0%} of the idle time is host-caused ({s.host_gaps} gaps, median {median}, "
             f"{long_share:.0%} of it in gaps over {duration(params['short_gap_ns'])}): the host does other work "
-            "between launches." + site_text,
+            "between launches (syncs, host computation, allocation, data preparation)." + site_text,
             advice.host_gaps(context, "long", s.host_ns),
         )
     if dominant == "other_gpu":
