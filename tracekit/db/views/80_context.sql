@@ -16,7 +16,8 @@ CREATE OR REPLACE MACRO context_many_allreduces_per_step() AS 50;
 -- rate, each with its evidence. Names are matched on host events only (ops, annotations, Python
 -- frames, runtime calls), except torch.compile's generated Triton kernels.
 --
--- Cost: one scan of the host events with name filters, one of the kernels, and `step_windows`.
+-- Cost: one aggregation of the host events by name (the name patterns run once per distinct name),
+-- one scan of the kernels, and `step_candidates`.
 CREATE OR REPLACE VIEW workload_context(
     -- the run
     run_id,
@@ -60,7 +61,8 @@ CREATE OR REPLACE VIEW workload_context(
     data_loader,
     -- host time in the DataLoader's `__next__` annotations
     data_loader_ns,
-    -- all-reduce kernels per step (`step_windows`): many more than
+    -- all-reduce kernels per occurrence of the step annotation (`step_candidates`; the whole run
+    -- when it has none): many more than
     -- `context_many_allreduces_per_step()` means gradients are reduced tensor by tensor
     allreduces_per_step,
     -- allreduces_per_step is at least `context_many_allreduces_per_step()`: gradients are reduced
@@ -68,37 +70,39 @@ CREATE OR REPLACE VIEW workload_context(
     per_tensor_allreduce
 ) AS
 WITH host AS (
-    SELECT run_id, kind, name, dur_ns, pid, tid, ts_ns, end_ns FROM events
+    -- names repeat (every step runs the same ops): match the patterns once per distinct name
+    SELECT run_id, kind, name, count(*) AS n, sum(dur_ns) AS dur_ns FROM events
     WHERE kind IN ('cpu_op', 'user_annotation', 'python_function', 'cuda_runtime', 'cuda_driver')
+    GROUP BY ALL
 ), names AS (
     SELECT run_id,
-           count(*) FILTER (WHERE kind = 'cpu_op' AND (name LIKE 'aten::%' OR name LIKE 'c10d::%')) AS torch_ops,
-           count(*) FILTER (WHERE name LIKE 'ProfilerStep#%') AS profiler_steps,
-           count(*) FILTER (WHERE kind = 'python_function') AS python_frames,
-           count(*) FILTER (WHERE kind IN ('cuda_runtime', 'cuda_driver')) AS runtime_calls,
-           count(*) FILTER (WHERE kind IN ('cpu_op', 'user_annotation')
-                              AND (name LIKE '%Backward%' OR name LIKE 'autograd::engine::evaluate_function:%'
-                                   OR name LIKE '%## backward ##%' OR name ILIKE '%loss.backward%')) AS backward_ops,
-           count(*) FILTER (WHERE kind IN ('cpu_op', 'user_annotation', 'python_function')
-                              AND (name LIKE 'Optimizer.step%' OR name LIKE '%## optimizer ##%'
-                                   OR name ILIKE '%optimizer.py(%): step')) AS optimizer_steps,
-           count(*) FILTER (WHERE kind IN ('cpu_op', 'user_annotation', 'python_function')
-                              AND (name ILIKE '%decode%' OR name ILIKE '%prefill%' OR name ILIKE '%generate%')) AS inference_names,
-           count(*) FILTER (WHERE kind IN ('cuda_runtime', 'cuda_driver') AND name SIMILAR TO '(cuda|hip|cu)GraphLaunch.*') AS graph_launches,
-           count(*) FILTER (WHERE kind IN ('cpu_op', 'user_annotation')
-                              AND (name LIKE 'CompiledFunction%' OR name LIKE 'Torch-Compiled Region%'
-                                   OR name LIKE 'TorchDynamo%' OR name LIKE '%CompiledFunctionBackward%')) AS compiled_ops,
-           count(*) FILTER (WHERE name LIKE '%vllm/%' OR name LIKE 'vllm.%' OR name LIKE '%vllm::%') AS vllm_names,
-           count(*) FILTER (WHERE name LIKE '%sglang/%' OR name LIKE 'sglang.%' OR name LIKE '%sglang::%') AS sglang_names,
-           count(*) FILTER (WHERE name LIKE '%sparse_data_dist%' OR name LIKE '%ShardedEmbedding%'
-                              OR name LIKE '%torchrec%' OR name LIKE '%TrainPipelineSparseDist%') AS torchrec_names,
-           count(*) FILTER (WHERE name ILIKE '%deepspeed%') AS deepspeed_names,
-           count(*) FILTER (WHERE name LIKE 'FullyShardedDataParallel%' OR name LIKE 'FSDP::%'
-                              OR name LIKE '%fully_sharded_data_parallel%') AS fsdp_names,
-           count(*) FILTER (WHERE name = 'DistributedDataParallel.forward') AS ddp_forwards,
-           count(*) FILTER (WHERE name LIKE 'MPI\_%' ESCAPE '\' OR name LIKE 'PMPI\_%' ESCAPE '\') AS mpi_calls,
-           count(*) FILTER (WHERE name LIKE '%_SingleProcessDataLoaderIter%') AS single_loader,
-           count(*) FILTER (WHERE name LIKE '%_MultiProcessingDataLoaderIter%') AS worker_loader,
+           sum(n) FILTER (WHERE kind = 'cpu_op' AND (name LIKE 'aten::%' OR name LIKE 'c10d::%')) AS torch_ops,
+           sum(n) FILTER (WHERE name LIKE 'ProfilerStep#%') AS profiler_steps,
+           sum(n) FILTER (WHERE kind = 'python_function') AS python_frames,
+           sum(n) FILTER (WHERE kind IN ('cuda_runtime', 'cuda_driver')) AS runtime_calls,
+           sum(n) FILTER (WHERE kind IN ('cpu_op', 'user_annotation')
+                            AND (name LIKE '%Backward%' OR name LIKE 'autograd::engine::evaluate_function:%'
+                                 OR name LIKE '%## backward ##%' OR name ILIKE '%loss.backward%')) AS backward_ops,
+           sum(n) FILTER (WHERE kind IN ('cpu_op', 'user_annotation', 'python_function')
+                            AND (name LIKE 'Optimizer.step%' OR name LIKE '%## optimizer ##%'
+                                 OR name ILIKE '%optimizer.py(%): step')) AS optimizer_steps,
+           sum(n) FILTER (WHERE kind IN ('cpu_op', 'user_annotation', 'python_function')
+                            AND (name ILIKE '%decode%' OR name ILIKE '%prefill%' OR name ILIKE '%generate%')) AS inference_names,
+           sum(n) FILTER (WHERE kind IN ('cuda_runtime', 'cuda_driver') AND name SIMILAR TO '(cuda|hip|cu)GraphLaunch.*') AS graph_launches,
+           sum(n) FILTER (WHERE kind IN ('cpu_op', 'user_annotation')
+                            AND (name LIKE 'CompiledFunction%' OR name LIKE 'Torch-Compiled Region%'
+                                 OR name LIKE 'TorchDynamo%' OR name LIKE '%CompiledFunctionBackward%')) AS compiled_ops,
+           sum(n) FILTER (WHERE name LIKE '%vllm/%' OR name LIKE 'vllm.%' OR name LIKE '%vllm::%') AS vllm_names,
+           sum(n) FILTER (WHERE name LIKE '%sglang/%' OR name LIKE 'sglang.%' OR name LIKE '%sglang::%') AS sglang_names,
+           sum(n) FILTER (WHERE name LIKE '%sparse_data_dist%' OR name LIKE '%ShardedEmbedding%'
+                            OR name LIKE '%torchrec%' OR name LIKE '%TrainPipelineSparseDist%') AS torchrec_names,
+           sum(n) FILTER (WHERE name ILIKE '%deepspeed%') AS deepspeed_names,
+           sum(n) FILTER (WHERE name LIKE 'FullyShardedDataParallel%' OR name LIKE 'FSDP::%'
+                            OR name LIKE '%fully_sharded_data_parallel%') AS fsdp_names,
+           sum(n) FILTER (WHERE name = 'DistributedDataParallel.forward') AS ddp_forwards,
+           sum(n) FILTER (WHERE name LIKE 'MPI\_%' ESCAPE '\' OR name LIKE 'PMPI\_%' ESCAPE '\') AS mpi_calls,
+           sum(n) FILTER (WHERE name LIKE '%_SingleProcessDataLoaderIter%') AS single_loader,
+           sum(n) FILTER (WHERE name LIKE '%_MultiProcessingDataLoaderIter%') AS worker_loader,
            coalesce(sum(dur_ns) FILTER (WHERE kind IN ('cpu_op', 'user_annotation') AND name LIKE 'enumerate(DataLoader)%'), 0)
                AS data_loader_ns
     FROM host GROUP BY run_id
@@ -108,13 +112,15 @@ WITH host AS (
            count(*) FILTER (WHERE is_communication AND name ILIKE '%allreduce%') AS allreduce_kernels
     FROM kernels GROUP BY run_id
 ), step_count AS (
-    SELECT run_id, count(*) AS steps FROM step_windows GROUP BY run_id
+    SELECT run_id, occurrences AS steps FROM step_candidates WHERE choice = 1
+), ddp_forwards AS (
+    SELECT run_id, pid, tid, ts_ns, end_ns FROM events
+    WHERE kind = 'user_annotation' AND name = 'DistributedDataParallel.forward'
 ), broadcasts AS (
     SELECT f.run_id, count(*) AS n, sum(b.dur_ns) AS ns
-    FROM host f JOIN host b ON b.run_id = f.run_id AND b.pid = f.pid AND b.tid = f.tid
+    FROM ddp_forwards f JOIN cpu_ops b ON b.run_id = f.run_id AND b.pid = f.pid AND b.tid = f.tid
      AND b.ts_ns >= f.ts_ns AND b.end_ns <= f.end_ns
-    WHERE f.name = 'DistributedDataParallel.forward'
-      AND b.kind = 'cpu_op' AND b.name IN ('aten::flatten_dense_tensors', 'aten::unflatten_dense_tensors')
+    WHERE b.name IN ('aten::flatten_dense_tensors', 'aten::unflatten_dense_tensors')
     GROUP BY f.run_id
 ), facts AS (
     SELECT r.run_id, n.*, coalesce(g.kernels, 0) AS kernels, coalesce(g.triton_kernels, 0) AS triton_kernels,

@@ -4,8 +4,8 @@
 -- flagged ones as data-quality notes, and findings built on what they affect are lowered in
 -- confidence (and held at info when `caps_severity`).
 
--- A main device idle longer than this share of the run window while its next activity had already
--- been launched means GPU records are missing. On the corpus: at most 0.016 on complete traces,
+-- A device idle longer than this share of the run window while its next activity had already been
+-- launched means GPU records are missing. On the corpus: at most 0.016 on complete traces,
 -- 0.25 on HTA's event-sampled traces and 0.53 on the trace HTA keeps for its negative queue lengths.
 CREATE OR REPLACE MACRO dq_max_queued_idle_share() AS 0.05;
 
@@ -21,14 +21,14 @@ CREATE OR REPLACE MACRO dq_max_open_flow_share() AS 0.5;
 -- One row per (run, check): what was measured, the threshold, whether it is flagged, what it says
 -- with its numbers, and which measurements it undermines. Checks:
 --
--- - `idle_with_work_queued`: share of the run window during which the main device is idle although
---   the activity that ends the gap had been launched before the gap began (`idle_gaps` cause
---   `other` with a launch record). A complete trace cannot show that: the device would be running
+-- - `idle_with_work_queued`: share of the run window during which a device is idle although the
+--   activity that ends the gap had been launched before the gap began (`idle_gaps` cause `other`
+--   with a launch record), on the device with the most such idle time. A complete trace cannot show that: the device would be running
 --   the queued work. So GPU records are missing (an event-sampled or filtered trace, records
 --   dropped by CUPTI) or another process shares the device. Undermines the GPU timeline: idle,
 --   busy and overlap shares.
 -- - `gpu_work_without_launch`: share of GPU activities with no runtime call of their correlation id
---   (runs with runtime calls only). Undermines host attribution of idle time and launch statistics.
+--   (runs with at least one launch record: G001 notes a run without any). Undermines host attribution of idle time and launch statistics.
 -- - `flows_without_end`: share of flow arrows without their end event.
 -- - `profiler_dropped_records`: activity records the profiler itself reports dropping (Kineto
 --   writes its `Dropped N activity records` warnings into the trace's metadata when its logger
@@ -58,16 +58,18 @@ CREATE OR REPLACE VIEW data_quality(
 ) AS
 WITH windows AS (
     SELECT run_id, end_ns - start_ns AS window_ns FROM runs WHERE end_ns > start_ns
+), per_device AS (
+    SELECT run_id, device,
+           count(*) FILTER (WHERE cause = 'other' AND runtime_event_id IS NOT NULL) AS gaps,
+           coalesce(sum(dur_ns) FILTER (WHERE cause = 'other' AND runtime_event_id IS NOT NULL), 0) AS idle_ns
+    FROM idle_gaps GROUP BY run_id, device
 ), queued AS (
-    SELECT g.run_id, any_value(g.device) AS device, count(*) AS gaps, sum(g.dur_ns) AS idle_ns
-    FROM idle_gaps g JOIN main_device m ON m.run_id = g.run_id AND m.device = g.device
-    WHERE g.cause = 'other' AND g.runtime_event_id IS NOT NULL
-    GROUP BY g.run_id
+    SELECT run_id, arg_max(device, idle_ns) AS device, arg_max(gaps, idle_ns) AS gaps, max(idle_ns) AS idle_ns
+    FROM per_device GROUP BY run_id
 ), launched AS (
     SELECT a.run_id, count(*) AS activities, count(f.gpu_event_id) AS with_launch
     FROM gpu_activities a LEFT JOIN first_launches f ON f.run_id = a.run_id AND f.gpu_event_id = a.event_id
-    WHERE a.run_id IN (SELECT run_id FROM runtime_calls)
-    GROUP BY a.run_id
+    GROUP BY a.run_id HAVING count(f.gpu_event_id) > 0
 ), flow_ends AS (
     SELECT run_id, count(*) AS flows, count(*) FILTER (WHERE end_event_id IS NULL) AS open FROM flows GROUP BY run_id
 ), dropped AS (
@@ -77,17 +79,16 @@ WITH windows AS (
     FROM runs r, unnest(regexp_extract_all(CAST(r.metadata AS VARCHAR), 'Dropped ([0-9]+) [a-z ]*records', 1)) AS t(n)
     GROUP BY r.run_id
 ), checks AS (
-    SELECT w.run_id, 'idle_with_work_queued' AS check_name, coalesce(q.idle_ns, 0) / w.window_ns AS value,
+    SELECT q.run_id, 'idle_with_work_queued' AS check_name, q.idle_ns / w.window_ns AS value,
            dq_max_queued_idle_share() AS threshold,
-           CASE WHEN q.gaps IS NULL THEN 'the main device never idles with its next work already launched'
+           CASE WHEN q.gaps = 0 THEN 'no device idles with its next work already launched'
                 ELSE format('GPU {} idles {} ms ({:.1f}% of the window) in {} gaps although the work that ends each '
                             'gap was already launched: GPU activity records are missing (a sampled or filtered trace, '
                             'records dropped by the profiler) or another process shares the GPU; idle, busy and '
                             'overlap shares are not reliable',
                             q.device, round(q.idle_ns / 1e6, 2), 100 * q.idle_ns / w.window_ns, q.gaps) END AS detail,
            ['gpu_timeline'] AS affects, true AS caps_severity
-    FROM windows w LEFT JOIN queued q ON q.run_id = w.run_id
-    WHERE w.run_id IN (SELECT run_id FROM gpu_activities)
+    FROM queued q JOIN windows w ON w.run_id = q.run_id
     UNION ALL
     SELECT run_id, 'gpu_work_without_launch', 1 - with_launch / activities, dq_max_unlaunched_share(),
            format('{} of {} GPU activities ({:.1f}%) have no launch record (no runtime call with their correlation '
