@@ -41,6 +41,7 @@ collective on a side stream (`async_op=True`) and wait for it just before its re
 
 from __future__ import annotations
 
+from tracekit.engine import advice, quality
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.toolkit import locality, one, rows
@@ -94,7 +95,8 @@ def check(con, params, ctx):
         by_share = exposed / window >= params["min_exposed_share"]
         by_overlap = overlap_pct < params["max_overlap_pct"] and comm / window >= params["min_comm_share"]
         if by_share or by_overlap:
-            yield _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels)
+            finding = _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels)
+            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
 
 
 def _unrecognised_collectives(con, ctx, world, with_comm):
@@ -144,7 +146,7 @@ def _caveats(params, kernels, exposed, window, shared_streams, cross) -> list[st
     return caveats
 
 
-def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams):
+def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams, context):
     """(hypothesis, next experiment): waiting for a late peer, small latency-bound messages, or no overlap."""
     nbytes, collective = worst.get("message_bytes"), launcher["collective"]
     if waiting:
@@ -152,22 +154,13 @@ def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stre
             f"Most exposed comm is rank {run.rank} waiting inside the collective for rank {late_rank}, which launches "
             f"the same collective a median {duration(cross.median_skew_ns)} later: the time is skew, not transfer, "
             "so NCCL tuning or overlap will not remove it.",
-            f"Find why rank {late_rank} reaches each collective late: compare its per-thread CPU time and GPU busy share "
-            f"with rank {run.rank}'s (tracekit summary), and look for host-bound findings (H001 host-sync, launch "
-            "overhead) on it; then cut its host work per step (CUDA graphs / torch.compile for the decode step, move "
-            "logging or .item() off the step) or rebalance its work. Start the profilers of all ranks after a "
-            "torch.distributed.barrier() so the first collective does not absorb start-up skew, and re-profile all ranks.",
+            advice.exposed_comm(context, "waiting", collective, run.rank, late_rank),
         )
     if nbytes is not None and nbytes < SMALL_MESSAGE_BYTES:
         return (
             f"{worst['count']} small {collective or 'collective'}s ({nbytes} B each) run with no compute alongside: "
-            "each is latency-bound and sits between dependent kernels (e.g. a TP all-reduce between two matmuls), "
-            "so the GPU waits for every one.",
-            "For small latency-bound collectives: try a one-shot/custom all-reduce (vLLM custom_all_reduce, torch "
-            "symmetric memory) or NCCL_PROTO=LL / NCCL_ALGO=Tree and compare kernel time; fuse the all-reduce with "
-            "the following residual-add + RMSNorm (e.g. FlashInfer/TRT-LLM allreduce fusion); capture the decode step "
-            "in a CUDA graph; or overlap it with the next layer's independent compute (async_op=True on a side "
-            "stream, wait just before the result is used). Re-profile and re-run the evidence SQL.",
+            "each is latency-bound and sits between dependent kernels, so the GPU waits for every one.",
+            advice.exposed_comm(context, "small", collective),
         )
     where = (
         "they run on the compute stream itself, so they serialize with the compute that could hide them."
@@ -178,10 +171,7 @@ def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stre
     return (
         f"{collective or 'Collectives'} on stream {comm_stream} run with no compute alongside for {duration(exposed)}: "
         + where,
-        "Issue the collective asynchronously on a communication stream and wait for it only where its result is "
-        "needed (async_op=True + work.wait(); DDP bucket_cap_mb / gradient_as_bucket_view; FSDP backward/forward "
-        "prefetch; sequence-parallel or async-TP so all-reduce overlaps the next matmul), and check NCCL_ALGO / "
-        "NCCL_PROTO / NCCL_NCHANNELS for the message size. Re-profile and re-run the evidence SQL.",
+        advice.exposed_comm(context, "not_overlapped", collective),
     )
 
 
@@ -209,8 +199,8 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
     late_rank = cross.latest_rank if cross else None
     wait_share = (wait / exposed) if (wait is not None and exposed) else None
     waiting = wait_share is not None and wait_share >= WAITING
-    hypothesis, next_experiment = _explain(
-        run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams
+    hypothesis, advised = _explain(
+        run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams, ctx.workload(run.run_id)
     )
     title = (
         f"rank {run.rank if run.rank is not None else '?'} device {device}: {duration(exposed)} of communication "
@@ -251,7 +241,7 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
         severity = "warning" if share >= params["min_exposed_share"] else "info"
     return Finding(
         rule="C001",
-        severity=severity,
+        severity=advised.cap(severity),
         confidence=0.9 if len(kernels) >= 3 else 0.6,
         title=title,
         locality=locality(
@@ -282,7 +272,7 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
         sql_params=sql_params,
         sample_event_ids=[k.event_id for k in sorted(kernels, key=lambda k: (-k.exposed_ns, k.event_id))[:5]],
         hypothesis=hypothesis,
-        next_experiment=next_experiment,
+        next_experiment=advised.text,
         acceptance=rerun(
             "trace of this rank",
             f"exposed_share below {params['min_exposed_share']} (or overlap_pct above {params['max_overlap_pct']}), "

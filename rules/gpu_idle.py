@@ -55,7 +55,8 @@ busiest stream over the thresholds, and the others are listed in `evidence.detai
 
 from __future__ import annotations
 
-from tracekit.engine.phrases import CUDA_GRAPH_RECIPE, rerun
+from tracekit.engine import advice, quality
+from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, one, user_frame
@@ -63,6 +64,8 @@ from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _idle_gaps
 from tracekit.units import duration
 
+# What G001's numbers rest on, for data-quality checks that undermine them.
+_USES = (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION)
 _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "kernel wait", "other": "other"}
 
 
@@ -99,7 +102,7 @@ def check(con, params, ctx):
             same_device = [o for o in reported if o.device == s.device]
             if s is max(same_device, key=lambda o: (o.activities, -o.stream)):
                 others = [_stream_brief(o) for o in same_device if o is not s]
-                yield _finding(con, ctx, run, params, s, graph_launches, others)
+                yield quality.qualify(ctx, _finding(con, ctx, run, params, s, graph_launches, others), _USES)
         if not one(con, "SELECT EXISTS (SELECT 1 FROM launches WHERE run_id = ?) AS found", [run.run_id]).found:
             yield DataQuality(
                 "G001",
@@ -147,8 +150,8 @@ def _caveats(s, graph_launches: int) -> tuple[list[str], float]:
     return caveats, confidence
 
 
-def _explain(s, split, dominant, params, graph_launches, site_text, device) -> tuple[str, str]:
-    """(hypothesis, next experiment) for the dominant cause of the stream's idle time."""
+def _explain(s, split, dominant, params, graph_launches, site_text, device, context) -> tuple[str, advice.Advice]:
+    """(hypothesis, next experiment) for the dominant cause of the stream's idle time, fitted to the workload."""
     idle = s.idle_ns
     host_share = s.host_ns / idle
     short_host = s.host_ns and s.host_short_ns / s.host_ns >= 0.5 and s.host_gaps >= 50
@@ -158,47 +161,39 @@ def _explain(s, split, dominant, params, graph_launches, site_text, device) -> t
             f"The stream is launch-bound: {s.host_gaps} host-caused gaps (median {median}) make {host_share:.0%} "
             "of its idle time; the host takes longer to issue each kernel (Python, dispatcher, launch) than the "
             "GPU takes to run it." + site_text,
-            f"Capture the repeated loop body in a CUDA graph: {CUDA_GRAPH_RECIPE}, then re-profile the same loop.",
+            advice.host_gaps(context, "launch_bound", s.host_ns),
         )
     if dominant == "host" and graph_launches:
         return (
             f"CUDA graphs are already replayed, yet {host_share:.0%} of the idle time is host-caused "
             f"({s.host_gaps} gaps, median {median}): work outside the graphs (eager kernels, copies, per-step "
             "syncs and Python between replays) keeps the GPU waiting." + site_text,
-            "Look at the code between graph replays at the listed call sites: move the remaining eager kernels "
-            "(sampling, input copies) into the captured region, and drop or defer per-step host syncs "
-            "(`.item()`, `.cpu()`) so the next replay is enqueued before the current one finishes; re-profile.",
+            advice.host_gaps(context, "graphed", s.host_ns),
         )
     if dominant == "host":
         long_share = 1 - s.host_short_ns / s.host_ns
         return (
             f"{host_share:.0%} of the idle time is host-caused ({s.host_gaps} gaps, median {median}, "
             f"{long_share:.0%} of it in gaps over {duration(params['short_gap_ns'])}): the host does other work "
-            "between launches (data loading, syncs, Python logic, allocation)." + site_text,
-            "Open the largest gaps' windows in the trace and read what the launching thread does there "
-            "(rule H001 lists blocking syncs); move that work off the launch path (DataLoader workers with "
-            "pin_memory, non_blocking copies, deferring host reads) and re-profile.",
+            "between launches (syncs, host computation, allocation, data preparation)." + site_text,
+            advice.host_gaps(context, "long", s.host_ns),
         )
     if dominant == "other_gpu":
         return (
             f"{split['other_gpu'] / idle:.0%} of the idle time passes while other streams of device {device} are "
             "busy: this stream waits on their work (an event wait, a collective or copy on a side stream).",
-            "Check which stream the largest gaps wait on (the other streams' activities inside the listed "
-            "windows) and whether the dependency is needed; overlap independent work or split it so this "
-            "stream can proceed, then re-profile.",
+            advice.stream_wait(context),
         )
     if dominant == "kernel_wait":
         return (
             f"{split['kernel_wait'] / idle:.0%} of the idle time is launch latency between queued back-to-back "
             f"kernels (gaps under {duration(params['kernel_wait_ns'])}): the stream runs many very short kernels.",
-            "Fuse the short kernels (torch.compile, fused optimizers/norms) or replay them in a CUDA graph, "
-            "which shortens the inter-kernel latency; re-profile.",
+            advice.kernel_wait(context),
         )
     return (
         f"{split['other'] / idle:.0%} of the idle time could not be attributed (no launch record, or long "
         "gaps with the launch already queued).",
-        "Open the largest gaps' windows in the trace and check what the stream waits on (events, "
-        "host-side sleeps, another process on the device); re-profile with CUDA runtime tracing on.",
+        advice.unattributed(context),
     )
 
 
@@ -215,12 +210,14 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
         h = host_sites[0]
         frame = user_frame(h["code_path"]) or h["op"] or h["site"]
         site_text = f" The largest share of host gaps ends at launches from {h['site']} ({frame})."
-    hypothesis, next_experiment = _explain(s, split, dominant, params, graph_launches, site_text, s.device)
+    hypothesis, advised = _explain(
+        s, split, dominant, params, graph_launches, site_text, s.device, ctx.workload(run.run_id)
+    )
     caveats, confidence = _caveats(s, graph_launches)
     by_cause = ", ".join(f"{label} {split[c] / idle:.0%}" for c, label in _CAUSE_LABELS.items())
     return Finding(
         rule="G001",
-        severity=by_share(exposed_share, params),
+        severity=advised.cap(by_share(exposed_share, params)),
         confidence=confidence,
         title=(
             f"GPU {s.device} stream {s.stream} idle {share:.0%} of its active window "
@@ -250,7 +247,7 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
         },
         sample_event_ids=[g["next_activity"]["event_id"] for g in largest],
         hypothesis=hypothesis,
-        next_experiment=next_experiment,
+        next_experiment=advised.text,
         acceptance=rerun(
             "trace of the same workload",
             f"idle_ns falls below {params['min_idle_share']:.0%} of the stream's active window (last_ns - first_ns) "

@@ -43,6 +43,7 @@ names the eager ops around the replay.
 
 from __future__ import annotations
 
+from tracekit.engine import advice, quality
 from tracekit.engine.registry import Example, rule
 from tracekit.rules import _steps
 
@@ -63,17 +64,17 @@ from tracekit.rules import _steps
 def check(con, params, ctx):
     for run in ctx.runs:
         for group in _steps.reported_groups(con, ctx, run, params, graphed=True):
-            yield _steps.finding("G003", run, ctx, params, group, _explain(group), "Graph-replaying", "eager launches")
+            explained = _explain(group, ctx.workload(run.run_id))
+            finding = _steps.finding("G003", run, ctx, params, group, explained, "Graph-replaying", "eager launches")
+            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION))
 
 
-def _explain(group: _steps.Group) -> tuple[str, str]:
+def _explain(group: _steps.Group, context) -> tuple[str, str]:
     g = group.row
     return (
         f"{group.step_text} already replays a CUDA graph ({group.graphs_here} replays), but the GPU is still busy "
         f"only {g.busy_share:.0%} of the step time: {group.per_step:.0f} eager launches per step outside the graph "
         f"({g.launch_bound} of {group.launches} shorter than their launch call or in tiny runs) and the host work "
         f"between replays keep it waiting. {group.top_text}.",
-        "Extend the captured region to the eager work around the replay (input copies, sampling, the "
-        f"ops listed, from {group.where or 'the step body'}) or batch it into one kernel; remove per-step host "
-        "syncs so the next replay is enqueued early. Re-profile and compare the busy share.",
+        advice.graphed_step(context, group.where).text,
     )

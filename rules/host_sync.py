@@ -59,6 +59,7 @@ and `non_blocking=True`, and read it one step late.
 
 from __future__ import annotations
 
+from tracekit.engine import advice, quality
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
@@ -92,6 +93,12 @@ FROM host_blocking_exempting($small_htod_bytes)
 WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
   AND name_key(region) IS NOT DISTINCT FROM $region AND name_key(site) = $site
 """
+
+
+# What H001's numbers rest on, for data-quality checks that undermine them.
+_USES = (quality.GPU_TIMELINE,)
+# Blocking copies: on the launching thread their own duration is the cost when the GPU records are in doubt.
+_COPIES = ("pageable async memcpy", "sync memcpy")
 
 
 @rule(
@@ -129,13 +136,19 @@ def check(con, params, ctx):
                 "window": window,
             },
         )
+        gpu_doubted = any(c.caps_severity and quality.GPU_TIMELINE in c.affects for c in ctx.data_quality(run.run_id))
         for site in sites:
-            yield _finding(ctx, run, params, site)
+            if gpu_doubted and site.critical_thread and site.blocking in _COPIES:
+                # a copy's own duration on the launching thread is a host record: it holds whatever the GPU
+                # records miss, so the finding is rated by it, with the GPU figures kept as context
+                yield quality.qualify(ctx, _finding(ctx, run, params, site, by_host=True), ())
+            else:
+                yield quality.qualify(ctx, _finding(ctx, run, params, site), _USES)
 
 
-def _finding(ctx, run, params, s) -> Finding:
+def _finding(ctx, run, params, s, by_host: bool = False) -> Finding:
     idle, stalled = int(s.gpu_idle_after_ns), int(s.stalled_ns)
-    cost = max(idle, stalled)
+    cost = int(s.blocked_ns) if by_host else max(idle, stalled)
     implicit = s.blocking == "sync"
     calls = f"{s.charged_calls} of {s.calls}" if 0 < s.charged_calls < s.calls else f"{s.calls}"
     where = f"{s.region} / {s.site}" if s.region and s.region != s.site else s.site
@@ -147,9 +160,11 @@ def _finding(ctx, run, params, s) -> Finding:
     costs = [host, gpu] if stalled > idle else [gpu, host]
     title = f"{s.calls} blocking {s.call} ({s.blocking}) in {where}: " + "; ".join(c for c in costs if c)
     launch = {"call": s.call, **({"region": s.region} if s.region else {})}
+    context = ctx.workload(run.run_id)
+    advised = advice.blocking_call(context, s.blocking, where)
     return Finding(
         rule="H001",
-        severity=by_share(cost / run.window_ns, params),
+        severity=advised.cap(by_share(cost / run.window_ns, params)),
         confidence=0.9 if implicit else 0.8,
         title=title,
         locality=locality(
@@ -163,7 +178,10 @@ def _finding(ctx, run, params, s) -> Finding:
         observed=Quantity(
             cost,
             "ns",
-            f"the larger of two costs: GPU idle on the main device from the return of {calls} calls (the op "
+            (f"the {thread} was blocked {duration(s.blocked_ns)} in {s.calls} calls (host records; the GPU records "
+             "of this run are incomplete, see the data-quality caveat), "
+             if by_host else "")
+            + f"the larger of two costs: GPU idle on the main device from the return of {calls} calls (the op "
             f"invocations waiting when the GPU drained, each gap counted once) until the next GPU work, "
             f"{duration(idle)}; and the time the {thread} was blocked in the calls with the main device idle "
             f"too, {duration(stalled)}. The host was blocked {duration(s.blocked_ns)} in all "
@@ -183,16 +201,8 @@ def _finding(ctx, run, params, s) -> Finding:
             "small_htod_bytes": params["small_htod_bytes"],
         },
         sample_event_ids=s.sample_event_ids,
-        hypothesis=(
-            f"{where} forces the host to wait for the GPU every time it runs "
-            f"({'an implicit sync such as .item()/.cpu()/.tolist()' if implicit else s.blocking}); "
-            + (
-                "while it waits the device has nothing to run either, so the step waits on both."
-                if stalled > idle
-                else "while it waits nothing is enqueued, so the GPU idles after each call."
-            )
-        ),
-        next_experiment=next_experiment(s.blocking),
+        hypothesis=_hypothesis(s, where, implicit, stalled > idle, context),
+        next_experiment=advised.text,
         acceptance=rerun(
             "trace",
             f"calls at this site drop to 0 (or below {params['min_calls']}), or both costs fall below "
@@ -204,27 +214,24 @@ def _finding(ctx, run, params, s) -> Finding:
             "stalled_ns": stalled,
             "host_blocked_ns": int(s.blocked_ns),
             "critical_thread": bool(s.critical_thread),
-            "cost": "host_stall" if stalled > idle else "gpu_idle",
+            "cost": "host_blocked" if by_host else "host_stall" if stalled > idle else "gpu_idle",
         },
+        caveats=[
+            "the GPU records of this run are incomplete (see its data-quality notes): the GPU idle and stall "
+            "figures are context only; the cost is the time the launching thread spent inside these copies"
+        ]
+        if by_host
+        else [],
     )
 
 
-def next_experiment(blocking: str) -> str:
-    """What to try for a site, by how its calls block."""
-    if blocking == "pageable async memcpy":
-        return (
-            "Copy through pinned host memory (`pin_memory()`, or a preallocated pinned buffer reused per step) "
-            "with `non_blocking=True`, on a side stream if the copy must overlap compute, and consume the result "
-            "after an event instead of right away; re-profile and check the calls are gone from this site."
-        )
-    if blocking == "sync memcpy":
-        return (
-            "Replace the synchronous copy with an async one from/to pinned host memory (`cudaMemcpyAsync` with "
-            "`cudaMallocHost` buffers, or `non_blocking=True` in PyTorch) and synchronise on an event only where "
-            "the data is used; re-profile."
-        )
-    return (
-        "Run the loop with `torch.cuda.set_sync_debug_mode('warn')` to get the Python line of each "
-        "implicit sync, then move the check off the per-step path (read the value one step late "
-        "through a pinned buffer with non_blocking=True) and re-profile."
+def _hypothesis(s, where: str, implicit: bool, stalls: bool, context) -> str:
+    if context.framework == "native":
+        what = f"{s.call} ({s.blocking})"
+    else:
+        what = "an implicit sync such as .item()/.cpu()/.tolist()" if implicit else s.blocking
+    return f"{where} forces the host to wait for the GPU every time it runs ({what}); " + (
+        "while it waits the device has nothing to run either, so the step waits on both."
+        if stalls
+        else "while it waits nothing is enqueued, so the GPU idles after each call."
     )

@@ -64,7 +64,8 @@ time fell 13x.
 
 from __future__ import annotations
 
-from tracekit.engine.phrases import CUDA_GRAPH_RECIPE, code_path_hint
+from tracekit.engine import advice, quality
+from tracekit.engine.phrases import code_path_hint
 from tracekit.engine.registry import Example, rule
 from tracekit.rules import _steps
 from tracekit.units import duration
@@ -82,10 +83,12 @@ from tracekit.units import duration
 def check(con, params, ctx):
     for run in ctx.runs:
         for group in _steps.reported_groups(con, ctx, run, params, graphed=False):
-            yield _steps.finding("G002", run, ctx, params, group, _explain(group, params), "Launch-bound")
+            explained = _explain(group, params, ctx.workload(run.run_id))
+            finding = _steps.finding("G002", run, ctx, params, group, explained, "Launch-bound")
+            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION))
 
 
-def _explain(group: _steps.Group, params) -> tuple[str, str]:
+def _explain(group: _steps.Group, params, context) -> tuple[str, str]:
     """(hypothesis, next experiment): why the step is launch-bound and which fix fits its body."""
     g, launches, step = group.row, group.launches, group.step_text
     kernel_vs_call = f"median kernel {duration(g.median_gpu_ns)} vs call {duration(g.median_launch_ns)}"
@@ -94,9 +97,7 @@ def _explain(group: _steps.Group, params) -> tuple[str, str]:
             f"{step} runs eagerly although the run uses CUDA graphs elsewhere: GPU busy {g.busy_share:.0%} of the "
             f"step time, {g.shorter} of {launches} launches run shorter than their launch call ({kernel_vs_call}). "
             f"{group.top_text}.",
-            "Check why this step is not captured (dynamic shapes, host syncs, unsupported ops); capture it "
-            "as well, with shapes padded to a few buckets if they vary, or fuse its small kernels with "
-            "torch.compile; re-profile.",
+            advice.launch_bound_step(context, "partly_graphed").text,
         )
     if group.repeated and group.static_shapes:
         return (
@@ -105,24 +106,19 @@ def _explain(group: _steps.Group, params) -> tuple[str, str]:
             f"{params['min_run']} tiny kernels and {g.short_idle_share:.0%} of the GPU idle time is in gaps under "
             f"{duration(params['short_gap_ns'])}: the host's per-launch cost sets the pace. Every step issues the "
             f"same {group.per_step:.0f} launches with the same shapes: a CUDA graph fits. {group.top_text}.",
-            f"Capture one step in a CUDA graph and replay it: {CUDA_GRAPH_RECIPE}; keep host syncs out of the "
-            f"captured region{code_path_hint(group.where)}. Re-profile the same loop.",
+            advice.launch_bound_step(context, "static", code_path_hint(group.where)).text,
         )
     if group.repeated:
         return (
             f"{step} is launch-bound: GPU busy {g.busy_share:.0%}; {g.shorter} of {launches} launches run shorter "
             f"than their launch call. Steps repeat the same {group.per_step:.0f} launches but input shapes change "
-            f"between steps ({group.signatures} op/shape signatures vs {group.step_signatures} per step), e.g. a "
-            f"growing KV cache. {group.top_text}.",
-            "Make the shapes static (preallocated KV cache with a length mask, shapes padded to a few "
-            'buckets) and capture the step in CUDA graphs, one per bucket (`torch.compile(mode="reduce-overhead", '
-            "dynamic=False)` does this); or fuse the small ops with torch.compile first. Re-profile.",
+            f"between steps ({group.signatures} op/shape signatures vs {group.step_signatures} per step). "
+            f"{group.top_text}.",
+            advice.launch_bound_step(context, "dynamic").text,
         )
     return (
         f"{step} is launch-bound: GPU busy {g.busy_share:.0%}; {g.shorter} of {launches} launches run shorter than "
         f"their launch call ({kernel_vs_call}). The step is not a repeated identical body, so a CUDA graph fits "
         f"less well. {group.top_text}.",
-        "Cut the number of launches: torch.compile the region (fuses elementwise/norm chains), use fused "
-        "implementations (fused optimizers with foreach/fused=True, SDPA, fused norms) and larger batches; "
-        f"re-profile{code_path_hint(group.where)}.",
+        advice.launch_bound_step(context, "irregular", code_path_hint(group.where)).text,
     )

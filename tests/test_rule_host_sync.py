@@ -74,17 +74,21 @@ def _site(found, region, call="cudaMemcpyAsync", op="aten::copy_"):
     return [f for f in found if f.locality["launch"] == {"call": call, "region": region} and f.locality["op"] == op]
 
 
-def test_pageable_reads_in_torchrec_sparse_data_dist_are_found_by_their_stall(loaded):
-    # the main thread's pageable device-to-host copies inside `## sparse_data_dist ##` wait on the queue of a side
-    # stream for most of each step while the device runs nothing; the ~10 us stream syncs after them are not the
-    # problem
+def test_pageable_reads_in_torchrec_sparse_data_dist_are_found_by_their_host_time(loaded):
+    # the main thread's pageable device-to-host copies inside `## sparse_data_dist ##` hold it for most of each
+    # step; the ~10 us stream syncs after them are not the problem. This trace's GPU records are incomplete (the
+    # device idles with its next work already launched: a data-quality check), so the copies are rated by their own
+    # duration on the launching thread, a host record, and the GPU-idle figures are only context
     con = loaded(corpus(TORCHREC))
+    assert con.execute(
+        "SELECT bool_or(flagged AND caps_severity) FROM data_quality WHERE check_name = 'idle_with_work_queued'"
+    ).fetchone()[0]
     found, _ = findings(con)
     [f] = _site(found, "## sparse_data_dist ##")
     row = evidence(con, f)
-    assert f.severity == "critical" and f.extra["cost"] == "host_stall" and f.extra["critical_thread"]
-    assert row["stalled_ns"] == f.impact_ns == f.observed.value and row["gpu_idle_after_ns"] < row["stalled_ns"]
-    assert row["stalled_ns"] <= row["host_blocked_ns"]
+    assert f.severity == "critical" and f.extra["cost"] == "host_blocked" and f.extra["critical_thread"]
+    assert row["host_blocked_ns"] == f.impact_ns == f.observed.value
+    assert row["stalled_ns"] <= row["host_blocked_ns"] and any("incomplete" in c for c in f.caveats)
     steps = con.execute("SELECT sum(dur_ns) FROM steps").fetchone()[0]
     assert row["host_blocked_ns"] > 0.5 * steps  # the host spends most of every step in these copies
     assert "sparse_data_dist" in f.title

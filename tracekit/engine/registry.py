@@ -41,14 +41,19 @@ class Example:
 
 @dataclass
 class DataQuality:
-    """Why a rule could not (fully) run on this input: missing tables, views or events."""
+    """Why a rule could not (fully) run on this input (missing tables, views or events), or a flagged
+    check of the `data_quality` view (`check`, with its value and threshold)."""
 
     rule: str
     message: str
     run_id: int | None = None
+    check: str | None = None
+    value: float | None = None
+    threshold: float | None = None
 
     def as_dict(self) -> dict:
-        return {"rule": self.rule, "run_id": self.run_id, "message": self.message}
+        measured = {"check": self.check, "value": self.value, "threshold": self.threshold} if self.check else {}
+        return {"rule": self.rule, "run_id": self.run_id, "message": self.message, **measured}
 
 
 @dataclass

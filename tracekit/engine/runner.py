@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.engine import quality
 from tracekit.engine.registry import DataQuality, Rule, all_rules, get_rule
 from tracekit.engine.toolkit import Context
 from tracekit.findings.model import Finding
@@ -26,7 +27,7 @@ def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | No
     rules = [get_rule(k) for k in select] if select else all_rules()
     ctx = Context(con)
     findings: list[Finding] = []
-    notes: list[DataQuality] = []
+    notes: list[DataQuality] = quality.notes(ctx)
     for rule in rules:
         missing = missing_inputs(con, rule)
         if missing:

@@ -77,6 +77,39 @@ class Context:
     def run(self, run_id: int) -> RunInfo:
         return next(r for r in self.runs if r.run_id == run_id)
 
+    @functools.cached_property
+    def _workloads(self) -> tuple[dict, type]:
+        import duckdb
+
+        cur = self.con.execute("SELECT * FROM workload_context LIMIT 0")
+        row_type = _row_type(tuple(d[0] for d in cur.description))
+        try:
+            found = self.con.execute("SELECT * FROM workload_context").fetchall()
+        except duckdb.Error:  # e.g. out of memory: advice then falls back to what fits any workload
+            found = []
+        return {r[0]: row_type._make(r) for r in found}, row_type
+
+    def workload(self, run_id: int):
+        """The run's `workload_context` row (every column None for a run the view has no row for):
+        what the advice of a finding is chosen for."""
+        found, row_type = self._workloads
+        return found.get(run_id) or row_type._make([run_id] + [None] * (len(row_type._fields) - 1))
+
+    @functools.cached_property
+    def _flagged_checks(self) -> tuple[list, str | None]:
+        from tracekit.engine.quality import flagged_checks
+
+        return flagged_checks(self.con)
+
+    def data_quality(self, run_id: int | None = None) -> list:
+        """The flagged `data_quality` checks of a run (of every run when run_id is None)."""
+        return [c for c in self._flagged_checks[0] if run_id is None or c.run_id == run_id]
+
+    @property
+    def data_quality_error(self) -> str | None:
+        """Why the data-quality checks could not be computed, else None."""
+        return self._flagged_checks[1]
+
     def thread_name(self, run_id: int, pid: int, tid: int) -> str | None:
         row = self.con.execute(
             "SELECT name FROM threads WHERE run_id = ? AND pid = ? AND tid = ?", [run_id, pid, tid]

@@ -125,6 +125,10 @@ def to_text(report: dict, out) -> None:
         for r in report["runs"]
     ]  # fmt: skip
     out.write(table(["run", "rank", "device", "events", "skipped", "window"], rows, width, {"window": duration}))
+    # measured checks come before the findings they undermine; rules that did not run are a footnote
+    measured = [d for d in report["data_quality"] if d.get("check")]
+    for d in measured:
+        console.print(f"[yellow]data quality (run {d['run_id']}): {escape(d['message'])}[/yellow]")
     for run in (report.get("summary") or {}).get("runs", []):
         kernels = run.get("top_kernels") or []
         if not kernels:
@@ -153,4 +157,5 @@ def to_text(report: dict, out) -> None:
     if report["findings_omitted"]:
         console.print(f"\n({report['findings_omitted']} lower-ranked findings omitted; --max-findings raises the cap)")
     for d in report["data_quality"]:
-        console.print(f"[dim]data quality: {escape(d['rule'])}: {escape(d['message'])}[/dim]")
+        if not d.get("check"):
+            console.print(f"[dim]data quality: {escape(d['rule'])}: {escape(d['message'])}[/dim]")
