@@ -53,12 +53,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from tracekit.engine import quality
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
 from tracekit.units import bandwidth, duration, share, size
+
+# What the copy share rests on, for data-quality checks that undermine it.
+_USES = (quality.GPU_TIMELINE,)
 
 
 @dataclass(frozen=True)
@@ -152,7 +156,9 @@ def check(con, params, ctx):
         )
         for device in found:
             directions = rows(con, DIRECTIONS_SQL, {"run_id": run.run_id, "device": device.device})
-            yield _finding(con, ctx, run, params, device, directions, names.get(device.device))
+            yield quality.qualify(
+                ctx, _finding(con, ctx, run, params, device, directions, names.get(device.device)), _USES
+            )
 
 
 def host_link(device_name: str | None) -> Link | None:

@@ -115,3 +115,25 @@ def test_records_the_profiler_reports_dropping_are_counted(tmp_path, fresh_db):
     ingest(fresh_db, [path])
     value, threshold = flagged(fresh_db)["profiler_dropped_records"]
     assert value == pytest.approx(120 / 2) and threshold == 0
+
+
+TOYS = ("hta__with_gpu_user_annotation__step_based_trace_2543932.json.gz",
+        "hta__amd_trace__mi250_minitoy_train_ROCm6_2_kineto.json.gz")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TOYS)
+def test_a_toy_capture_is_flagged_and_its_gpu_findings_held_at_info(loaded, name):
+    con = loaded(corpus(name))
+    busy = con.execute("SELECT max(b) FROM (SELECT sum(dur_ns) AS b FROM gpu_busy GROUP BY run_id, device)").fetchone()[
+        0
+    ]
+    value, threshold = flagged(con)["too_little_gpu_work"]
+    assert value == busy < threshold
+    findings, _ = run_rule(con, "G001")
+    assert all(f.severity == "info" for f in findings)
+
+
+def test_real_workloads_hold_enough_gpu_work(loaded):
+    for name in ("hta__nccl_parser_config__nccl_data.json.gz", "pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite"):
+        assert "too_little_gpu_work" not in flagged(loaded(corpus(name)))
+    assert "too_little_gpu_work" not in flagged(loaded(sample("gpu_prefill_decode_eager.json.gz")))

@@ -18,6 +18,13 @@ CREATE OR REPLACE MACRO dq_max_unlaunched_share() AS 0.05;
 -- GPU activity records).
 CREATE OR REPLACE MACRO dq_max_open_flow_share() AS 0.5;
 
+-- A run whose busiest device holds less GPU work than this (ns of busy time, every activity merged)
+-- is a toy or a unit-test fixture, not a workload whose owner tunes it: idle and overlap shares of a
+-- few hundred microseconds of work say nothing about the real job. On the corpus and the project's
+-- samples the fixtures hold 0.15-0.75 ms (a 16-activity ROCm toy, HTA's 5-iteration gemv loop, a
+-- 6-kernel event-sync sample, the RoPE and capture samples) and every real workload 2 ms or more.
+CREATE OR REPLACE MACRO dq_min_gpu_work_ns() AS 1000000;
+
 -- One row per (run, check): what was measured, the threshold, whether it is flagged, what it says
 -- with its numbers, and which measurements it undermines. Checks:
 --
@@ -30,6 +37,9 @@ CREATE OR REPLACE MACRO dq_max_open_flow_share() AS 0.5;
 -- - `gpu_work_without_launch`: share of GPU activities with no runtime call of their correlation id
 --   (runs with at least one launch record: G001 notes a run without any). Undermines host attribution of idle time and launch statistics.
 -- - `flows_without_end`: share of flow arrows without their end event.
+-- - `too_little_gpu_work`: GPU busy time of the run's busiest device, flagged below
+--   `dq_min_gpu_work_ns()`: a capture too small to judge a steady state. Undermines the GPU
+--   timeline (its shares).
 -- - `profiler_dropped_records`: activity records the profiler itself reports dropping (Kineto
 --   writes its `Dropped N activity records` warnings into the trace's metadata when its logger
 --   metadata is kept), as a share of the GPU activities and runtime calls kept. Undermines the GPU
@@ -42,11 +52,11 @@ CREATE OR REPLACE VIEW data_quality(
     run_id,
     -- the check's name (see above)
     check_name,
-    -- what was measured: a share
+    -- what was measured: a share (GPU busy ns for `too_little_gpu_work`)
     value,
     -- the threshold: flagged above it
     threshold,
-    -- whether the value is past the threshold
+    -- whether the value is past the threshold (above it; below it for `too_little_gpu_work`)
     flagged,
     -- one sentence with the numbers, for the report
     detail,
@@ -78,9 +88,12 @@ WITH windows AS (
            + (SELECT count(*) FROM runtime_calls c WHERE c.run_id = r.run_id) AS kept
     FROM runs r, unnest(regexp_extract_all(CAST(r.metadata AS VARCHAR), 'Dropped ([0-9]+) [a-z ]*records', 1)) AS t(n)
     GROUP BY r.run_id
+), busiest AS (
+    SELECT run_id, max(busy_ns) AS busy_ns
+    FROM (SELECT run_id, device, sum(dur_ns) AS busy_ns FROM gpu_busy GROUP BY run_id, device) GROUP BY run_id
 ), checks AS (
     SELECT q.run_id, 'idle_with_work_queued' AS check_name, q.idle_ns / w.window_ns AS value,
-           dq_max_queued_idle_share() AS threshold,
+           dq_max_queued_idle_share() AS threshold, q.idle_ns / w.window_ns > dq_max_queued_idle_share() AS flagged,
            CASE WHEN q.gaps = 0 THEN 'no device idles with its next work already launched'
                 ELSE format('GPU {} idles {} ms ({:.1f}% of the window) in {} gaps although the work that ends each '
                             'gap was already launched: GPU activity records are missing (a sampled or filtered trace, '
@@ -91,23 +104,30 @@ WITH windows AS (
     FROM queued q JOIN windows w ON w.run_id = q.run_id
     UNION ALL
     SELECT run_id, 'gpu_work_without_launch', 1 - with_launch / activities, dq_max_unlaunched_share(),
+           1 - with_launch / activities > dq_max_unlaunched_share(),
            format('{} of {} GPU activities ({:.1f}%) have no launch record (no runtime call with their correlation '
                   'id): idle before them cannot be attributed to the host', activities - with_launch, activities,
                   100 * (1 - with_launch / activities)),
            ['launch_attribution'], false
     FROM launched
     UNION ALL
-    SELECT run_id, 'flows_without_end', open / flows, dq_max_open_flow_share(),
+    SELECT run_id, 'flows_without_end', open / flows, dq_max_open_flow_share(), open / flows > dq_max_open_flow_share(),
            format('{} of {} flow arrows ({:.1f}%) have no end event: events were lost at the window''s edges or '
                   'in the profiler''s buffers', open, flows, 100 * open / flows),
            []::VARCHAR[], false
     FROM flow_ends
     UNION ALL
-    SELECT run_id, 'profiler_dropped_records', records / greatest(kept, 1), 0,
+    SELECT run_id, 'profiler_dropped_records', records / greatest(kept, 1), 0, records > 0,
            format('the profiler reports dropping {} activity records (the trace kept {} GPU activities and runtime '
                   'calls): the GPU timeline and launch records have holes', records, kept),
            ['gpu_timeline', 'launch_attribution'], false
     FROM dropped
+    UNION ALL
+    SELECT run_id, 'too_little_gpu_work', busy_ns, dq_min_gpu_work_ns(), busy_ns < dq_min_gpu_work_ns(),
+           format('the busiest GPU runs {} us of work in this trace: a toy or test capture, too little to judge a '
+                  'steady state; profile more iterations of the real workload', round(busy_ns / 1e3, 1)),
+           ['gpu_timeline'], true
+    FROM busiest
 )
-SELECT run_id, check_name, CAST(value AS DOUBLE), CAST(threshold AS DOUBLE), value > threshold, detail, affects, caps_severity
+SELECT run_id, check_name, CAST(value AS DOUBLE), CAST(threshold AS DOUBLE), flagged, detail, affects, caps_severity
 FROM checks;
