@@ -43,6 +43,7 @@ def size_column(con, run_id: int) -> str:
     ).fetchone()
     return (row and row[0]) or "seq_len"
 
+
 METRIC_PARAMS = {
     "metrics": Param("", "comma-separated error metrics to read (empty: all but skip_metrics)", ""),
     "skip_metrics": Param("max_rel_err", "comma-separated error metrics to ignore", ""),

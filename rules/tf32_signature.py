@@ -76,7 +76,7 @@ EVIDENCE_SQL = (
 @rule(
     code="N002",
     name="tf32-signature",
-    title="fp32 check whose error is TF32 rounding: in the TF32 band, far smaller under tf32x3/ieee",
+    title="fp32 check whose error is TF32 rounding: 100x or more smaller without TF32 at equal conditions",
     category="numerics",
     requires=("numerics",),
     params={
