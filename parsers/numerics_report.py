@@ -268,7 +268,9 @@ def _classify(table: NumericsTable, columns: list[str], records: list[dict]) -> 
     levels = {c: len({json.dumps(v) for v in values[c]}) for c in columns}
     table.constants = [c for c in columns if levels[c] <= 1]
     varying = [c for c in columns if levels[c] > 1]
-    size = _size_column(varying, values, levels, table.typed.get("partitions"))
+    size = _size_column(varying, values, levels, table.typed.get("partitions")) or _size_column(
+        [c for c in table.constants if c.lower() in SIZE_NAMES], values, levels, None
+    )  # a report of one length still says which
     if size is not None:
         table.typed["seq_len"] = size
     protected = set(table.typed.values())
