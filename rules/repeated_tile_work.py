@@ -177,14 +177,14 @@ def check(con, params, ctx):
         if growth < params["min_growth"] or dram_change > params["max_dram_change"] or (t.r2 or 0) < params["min_r2"]:
             continue
         finest = next(x for x in launches if x.run_id == t.run_id and x.launch_id == t.finest_launch)
-        yield _finding(ctx, params, t, growth, dram_change, roofline(finest, params))
+        yield _finding(ctx, params, t, growth, dram_change, _roofline(finest, params))
 
 
 def _sweep_key(x) -> tuple:
     return (x.run_id, x.kernel, x.block_size)
 
 
-def roofline(x, params) -> dict:
+def _roofline(x, params) -> dict:
     """Where a launch sits on the roofline: arithmetic intensity against the device's ridge point, achieved
     DRAM bandwidth against peak, and the bound that follows (speed-of-light metrics when the counters or
     the device's peaks are missing)."""
@@ -381,7 +381,7 @@ def _variant_findings(ctx, params, launches, sweeps: set):
             same_tiling = [f for f in forms if f["kind"] == "pre-normalised"]
             timed = max(same_tiling, key=lambda f: f["inst"]) if same_tiling else None
             repeated.setdefault(_config(launch), []).append(
-                {"launch": launch, "form": closest, "share": share, "timed": timed, "r": roofline(launch, params)}
+                {"launch": launch, "form": closest, "share": share, "timed": timed, "r": _roofline(launch, params)}
             )
         for cells in repeated.values():
             yield _variant_finding(ctx.run(run_id), params, kernel, cells)
