@@ -2,7 +2,7 @@
 
 Two layouts exist. `--page details` (and `--metrics ...` runs) are *long*: one row per launch and
 metric, with `Section Name`, `Metric Name`, `Metric Unit`, `Metric Value` and, in recent versions,
-rule columns. `--page raw` is *wide*: one column per metric, a second row with the units, then one
+rule columns (left off a metric row when empty; a rule row has empty metric columns). `--page raw` is *wide*: one column per metric, a second row with the units, then one
 row per launch. Both may be preceded or interleaved by `==PROF==` / `==WARNING==` lines from the
 profiler itself. Values are locale-formatted strings ("1,073,741,824"); they are kept as written
 and parsed to a double where they are numbers.
@@ -150,11 +150,15 @@ def _empty_row() -> dict:
 
 def _read_long(header: list[str], body: list[list[str]], table: NcuTable) -> None:
     idx = {c: i for i, c in enumerate(header)}
+    # Current ncu versions end a metric row after its value when the rule columns that follow are
+    # empty: such a row is complete, its rule fields empty.
+    shortest = max(idx[c] for c in LONG_COLUMNS) + 1
     for row in body:
         table.lines_read += 1
-        if len(row) != len(header):
+        if not shortest <= len(row) <= len(header):
             table.skipped["wrong number of columns"] = table.skipped.get("wrong number of columns", 0) + 1
             continue
+        row = row + [""] * (len(header) - len(row))
         item = _empty_row()
         item.update(_launch_fields(header, row))
         item["section"] = row[idx["Section Name"]] if "Section Name" in idx else None

@@ -77,7 +77,7 @@ def offsets() -> tuple[str, ...]:
 
 metric_option = click.option(
     "--metric", "metrics", multiple=True, metavar="COLUMN",
-    help="Error column of a numerics report (repeatable; default: every column whose name contains 'err').",
+    help="Error column of a numerics report (repeatable; default: every column whose name says error: err, rms, fro, abs).",
 )  # fmt: skip
 rank_option = click.option("--rank", type=int, help="Rank for traces with none in distributedInfo or the file name.")
 rules_option = click.option("--rules", "rule_keys", help="Comma-separated rule codes or names (default: all).")

@@ -6,7 +6,7 @@ Python lists; torch and numpy are imported lazily and are not dependencies of tr
 `tracekit analyze report.csv` ingests such a report into the `numerics` table (docs/schema.md)
 and rule N001 (numerics-drift) reads it.
 
-Error metrics (columns whose name contains `err`):
+Error metrics (the reader takes columns whose name says error: `err`, `rms`, `fro`, `abs`):
 
 - `max_abs_err`: max |out - ref|
 - `max_rel_err`: max |out - ref| / max(|ref|, eps)

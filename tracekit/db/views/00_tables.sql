@@ -216,8 +216,10 @@ CREATE TABLE IF NOT EXISTS ncu_metrics (
 -- Numerics (correctness) reports, one row per (check row, error metric). From a report with one
 -- row per check (`tracekit.numerics.compare` / `write_report` make them): CSV, JSON (an array of
 -- objects), JSON Lines or Parquet, each a run of its own (format `numerics_report`). Error metrics
--- are the columns whose name contains `err` (case-insensitive); every other column is a condition.
--- Typed copies of well-known conditions take the first matching column name, case-insensitive.
+-- are the columns whose name says error (a token starting with `err`, or `rms`, `fro`, `abs`);
+-- fractional columns and columns the rows do not need to be told apart are measurements; the rest
+-- are conditions (parsers/numerics_report.py). Typed copies of well-known conditions take the first
+-- matching column name, case-insensitive.
 --
 -- ```sql
 -- -- Error growth with sequence length per precision
@@ -241,13 +243,21 @@ CREATE TABLE IF NOT EXISTS numerics (
     dtype VARCHAR,
     -- `variant`, `impl`, `implementation`, `path`, `method` (lower-cased)
     variant VARCHAR,
-    -- `seq_len`, `seqlen`, `seq_length`, `length`, `len`, `n`, `t`, `num_tokens`
+    -- the size the errors are tested against: the integer condition named like a size (`seq_len`,
+    -- `seqlen`, `T`, `num_tokens`, `context_len`, ...), else the one with the most levels
     seq_len BIGINT,
     -- `partitions`, `num_partitions`, `n_partitions`, `parts`, `cp`, `cp_size`
     partitions INTEGER,
     -- the conditions without a typed copy, as JSON text with sorted keys: group or join on it
     -- together with the typed columns to compare like with like
-    other_conditions VARCHAR
+    other_conditions VARCHAR,
+    -- the tensor the metric measures when its name says it (`output`, `state`), else NULL
+    tensor VARCHAR,
+    -- the reference's magnitude for this tensor, from a measurement column (`ref_*`, `*scale*`);
+    -- NULL when the report has none
+    reference_scale DOUBLE,
+    -- JSON object of the row's measurement columns (reference magnitudes, times, counts, diffs)
+    measurements JSON
 );
 
 -- The stored findings of an analysis, one row per finding. Written by `Trace.findings()` and
