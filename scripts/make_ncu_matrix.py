@@ -86,7 +86,7 @@ def workload(heads_total: int) -> None:
         tl.store(DECAY + i, gate_of(tl.load(G + i), kn, GATE_WORK))
 
     @triton.jit
-    def fused_recurrent_decode(Q, Kx, Vx, G, BETA, S, O, QN, KN, DECAY, K: tl.constexpr, V: tl.constexpr,
+    def fused_recurrent_decode(Q, Kx, Vx, G, BETA, S, O, QN, KN, DECAY, K: tl.constexpr, V: tl.constexpr,  # noqa: E741
                                BV: tl.constexpr, GATE_WORK: tl.constexpr, PRENORM: tl.constexpr):  # fmt: skip
         t = tl.program_id(0)
         i = tl.program_id(1)
@@ -143,8 +143,18 @@ def profile(out_dir: str) -> None:
     cells = []
     for heads_total in BATCHES:
         rep = os.path.join(out_dir, f"decode_{heads_total}.ncu-rep")
-        cmd = ["ncu", "--clock-control", "none", "--metrics", METRICS, "-f", "-o", rep[: -len(".ncu-rep")],
-               "--kernel-name", "regex:^(fused_recurrent_decode|prenorm_qk)$"]
+        cmd = [
+            "ncu",
+            "--clock-control",
+            "none",
+            "--metrics",
+            METRICS,
+            "-f",
+            "-o",
+            rep[: -len(".ncu-rep")],
+            "--kernel-name",
+            "regex:^(fused_recurrent_decode|prenorm_qk)$",
+        ]
         for section in SECTIONS:
             cmd += ["--section", section]
         cmd += [sys.executable, os.path.abspath(__file__), "--run", str(heads_total)]

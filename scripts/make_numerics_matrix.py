@@ -58,13 +58,12 @@ def shaped_inputs(n_chunks: int, dist: str, dev: str):
 def kernels():
     import triton
     import triton.language as tl
-
     from make_numerics_report import triton_kernels
 
     summarize, merge, _ = triton_kernels()
 
     @triton.jit
-    def recur_state(A, Q, KK, VV, S0, O, S_OUT, per, KD: tl.constexpr, VD: tl.constexpr, C: tl.constexpr,
+    def recur_state(A, Q, KK, VV, S0, O, S_OUT, per, KD: tl.constexpr, VD: tl.constexpr, C: tl.constexpr,  # noqa: E741
                     PREC: tl.constexpr):  # fmt: skip
         p = tl.program_id(0)
         o_k = tl.arange(0, KD)

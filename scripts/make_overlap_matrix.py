@@ -50,10 +50,10 @@ def run(kind: str, size_name: str, out_dir: str) -> dict:
     def transfer(piece: int, pieces: int) -> None:
         if kind == "copy":
             step = numel // pieces
-            dev_buf[piece * step:(piece + 1) * step].copy_(host[piece * step:(piece + 1) * step], non_blocking=True)
+            dev_buf[piece * step : (piece + 1) * step].copy_(host[piece * step : (piece + 1) * step], non_blocking=True)
         else:
             rows = n // pieces
-            torch.mm(other[piece * rows:(piece + 1) * rows], w)
+            torch.mm(other[piece * rows : (piece + 1) * rows], w)
 
     def serial() -> None:
         h = x
@@ -68,7 +68,7 @@ def run(kind: str, size_name: str, out_dir: str) -> dict:
         for _ in range(LAYERS):
             parts = []
             for c in range(CHUNKS):
-                piece = torch.mm(torch.mm(h[c * rows:(c + 1) * rows], w), w)
+                piece = torch.mm(torch.mm(h[c * rows : (c + 1) * rows], w), w)
                 parts.append(piece)
                 ready = torch.cuda.Event()
                 ready.record()
