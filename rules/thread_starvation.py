@@ -71,9 +71,9 @@ inside the windows than outside (the main thread's Python is out of its way) and
 - `max_candidates` (8): window ops tried per pair of threads (the longest in total).
 - `report_clear` (false): also report checked pairs that are not significant, as `info` findings
   with the numbers (useful to confirm a fix).
-- `critical_share` (1.0, so never by default): severity ladder: info for a cleared pair (with
-  `report_clear`), warning for a starved thread, critical when its lost time is at least this share
-  of the run window. The trace shows the starved thread's delay, not what the delay costs the job
+- `critical_share` (1.0): severity ladder: info for a cleared pair (with `report_clear`), warning
+  for a starved thread, critical when its lost time is at least this share of the run window (so
+  never by default). The trace shows the starved thread's delay, not what the delay costs the job
   (whether anything waits on that thread): over the matrix and the samples the lost share runs from
   about 0.1 to 0.9 with nothing else in the runs to tell a costly stall from a cheap one.
   Set it for a workload where the starved thread is known to be on the critical path.
