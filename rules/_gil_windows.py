@@ -1,5 +1,13 @@
-"""Windows of a long native op on one thread and another thread's activity around them, with the
-tests that tell a starved thread from an independent one (what H002 thread-starvation measures)."""
+"""Native calls on one thread that keep the GIL, and another thread's activity around them, with the
+tests that tell a starved thread from an independent one (what H002 thread-starvation measures).
+
+A window is a native call in which its thread runs no Python: a C-function frame (`<built-in ...>`,
+a pybind11 method) with no Python frame of its own below it. Python frames are never windows: two
+threads that both run Python share the GIL by design. Calls that are mostly one op's
+own work (`relu` around `aten::relu`) and the profiler's own bookkeeping are not windows either. A
+window is named after the innermost `record_function` annotation or op around it that holds no other
+call of the same function (`deepep_like::intranode_dispatch`), else after the frame itself.
+"""
 
 from __future__ import annotations
 
@@ -8,85 +16,88 @@ from dataclasses import dataclass
 
 from tracekit.engine.toolkit import one, rows
 
-# Window kinds in the order their names are reported: what the user wrote before the builtin inside it.
-KIND_PREFERENCE = {"user_annotation": 0, "cpu_op": 1, "python_function": 2}
-
 # Starts of these events are a thread's activity: Python frames, annotations, ops and CUDA calls.
 ACTIVITY_KINDS = ("python_function", "user_annotation", "cpu_op", "cuda_runtime", "cuda_driver")
-WINDOW_KINDS = ("user_annotation", "cpu_op", "python_function")
 # waits that release the GIL by design: a thread blocked in them starves nobody
-GIL_FREE_WAITS = (
-    r"^<built-in (function|method) (sleep|wait|acquire|join|select|poll|epoll|recv|recv_into|accept|get)\b"
-    r"|^(threading|queue|selectors|socket|asyncio/.*|concurrent/.*|multiprocessing/.*)\.py\("
-)
-ADDRESS_SQL = "regexp_replace(name, ' at 0x[0-9a-f]+', '')"
+GIL_FREE_WAITS = r"^<built-in (function|method) (sleep|wait|acquire|join|select|poll|epoll|recv|recv_into|accept|get)\b"
+ADDRESS = " at 0x[0-9a-f]+"
 
+# The native calls of thread $window_tid lasting at least $min_window_ns, each with the op it is named after.
+WINDOWS_CTE = f"""
+frames AS (
+    SELECT event_id, parent_id, name, ts_ns, end_ns, dur_ns FROM python_functions
+    WHERE run_id = $run_id AND pid = $pid AND tid = $window_tid
+), leaf AS (
+    SELECT f.event_id, f.ts_ns, f.end_ns, f.dur_ns, regexp_replace(f.name, '{ADDRESS}', '') AS native
+    FROM frames f
+    WHERE f.dur_ns >= $min_window_ns AND starts_with(f.name, '<built-in') AND NOT regexp_matches(f.name, $gil_free)
+      AND NOT EXISTS (SELECT 1 FROM frames c WHERE c.parent_id = f.event_id)
+), ops AS (
+    SELECT event_id, name, ts_ns, end_ns, dur_ns FROM events
+    WHERE run_id = $run_id AND pid = $pid AND tid = $window_tid AND kind IN ('user_annotation', 'cpu_op')
+      AND NOT starts_with(name, 'ProfilerStep#')
+), op_work AS (  -- calls that are mostly one op's own work (`relu` around aten::relu), not a wait
+    SELECT DISTINCT leaf.event_id FROM leaf JOIN ops
+      ON ops.ts_ns >= leaf.ts_ns AND ops.end_ns <= leaf.end_ns AND 2 * ops.dur_ns >= leaf.dur_ns
+), profiler_own AS (  -- the profiler's bookkeeping inside record_function's enter and exit
+    SELECT DISTINCT leaf.event_id FROM leaf JOIN frames f
+      ON f.ts_ns <= leaf.ts_ns AND f.end_ns >= leaf.end_ns AND starts_with(f.name, 'torch/autograd/profiler.py(')
+), waits AS (
+    SELECT * FROM leaf
+    WHERE event_id NOT IN (SELECT event_id FROM op_work) AND event_id NOT IN (SELECT event_id FROM profiler_own)
+), around AS (  -- the innermost annotation or op that encloses each call
+    SELECT waits.event_id, arg_min(ops.event_id, ops.dur_ns) AS op_id, arg_min(ops.name, ops.dur_ns) AS op
+    FROM waits JOIN ops ON ops.ts_ns <= waits.ts_ns AND ops.end_ns >= waits.end_ns GROUP BY waits.event_id
+), named AS (  -- named after it when it holds no other call of that native function
+    SELECT waits.*,
+           coalesce(CASE WHEN count(*) OVER (PARTITION BY around.op_id, waits.native) = 1 THEN around.op END,
+                    waits.native) AS op
+    FROM waits LEFT JOIN around USING (event_id)
+)"""
+
+# the parameters WINDOWS_CTE reads
+WINDOW_KEYS = ("run_id", "pid", "window_tid", "min_window_ns", "gil_free")
+
+# Window ops per (thread A, thread B) pair, most window time first. $min_window_ns is B's own scale.
 CANDIDATES_SQL = f"""
-SELECT pid, tid, kind, {ADDRESS_SQL} AS op, count(*) AS n, sum(dur_ns) AS total_ns
-FROM events
-WHERE run_id = $run_id AND kind IN {WINDOW_KINDS}
-  AND dur_ns >= $min_window_ns AND pid IS NOT NULL AND tid IS NOT NULL
-  AND NOT starts_with(name, 'ProfilerStep#')
-  AND NOT regexp_matches(name, $gil_free)
-  AND (kind <> 'python_function' OR starts_with(name, '<built-in'))  -- Python frames run bytecode, not a native wait
-GROUP BY ALL
-HAVING count(*) >= $min_windows
-ORDER BY pid, tid, total_ns DESC, op
+WITH {WINDOWS_CTE}
+SELECT op, native, count(*) AS n, sum(dur_ns) AS total_ns FROM named
+GROUP BY op, native HAVING count(*) >= $min_windows ORDER BY total_ns DESC, op
 """
 
-THREADS_SQL = """
-SELECT pid, tid, count(*) AS n FROM python_functions WHERE run_id = $run_id
-GROUP BY ALL HAVING count(*) >= $min_thread_events ORDER BY pid, tid
+# Threads with Python activity, with their activity starts and active span (their own event rate).
+THREADS_SQL = f"""
+SELECT pid, tid, count(*) FILTER (WHERE kind = 'python_function') AS python_events, count(*) AS starts,
+       max(ts_ns) - min(ts_ns) AS active_ns
+FROM events WHERE run_id = $run_id AND kind IN {ACTIVITY_KINDS} AND pid IS NOT NULL AND tid IS NOT NULL
+GROUP BY ALL HAVING count(*) FILTER (WHERE kind = 'python_function') >= $min_thread_events ORDER BY pid, tid
 """
 
-# The evidence query: one row of numbers for one (window op on thread A, starved thread B) pair.
+# The evidence query: one row of numbers for the windows of ops $window_ops on thread A against thread B.
 STATS_SQL = f"""
-WITH raw AS (
-    SELECT event_id, ts_ns, end_ns,
-           max(end_ns) OVER (ORDER BY ts_ns, event_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS covered_to
-    FROM events
-    WHERE run_id = $run_id AND pid = $pid AND tid = $window_tid AND kind = $window_kind
-      AND {ADDRESS_SQL} = $window_op AND dur_ns >= $min_window_ns
-), act AS (
+WITH {WINDOWS_CTE},
+act AS (
     SELECT event_id, ts_ns FROM events
-    WHERE run_id = $run_id AND pid = $pid AND tid = $thread_tid
-      AND kind IN {ACTIVITY_KINDS}
+    WHERE run_id = $run_id AND pid = $pid AND tid = $thread_tid AND kind IN {ACTIVITY_KINDS}
 ), active AS (SELECT min(ts_ns) AS lo, max(ts_ns) AS hi FROM act),
-w AS (  -- outermost windows inside the starved thread's active span
-    SELECT raw.event_id, ts_ns, end_ns, end_ns - ts_ns AS dur_ns, lag(end_ns) OVER (ORDER BY ts_ns) AS prev_end
-    FROM raw, active
-    WHERE (covered_to IS NULL OR ts_ns >= covered_to) AND ts_ns >= active.lo AND end_ns <= active.hi
+w AS (  -- the windows inside the starved thread's active span, with the window time up to each one's end
+    SELECT named.event_id, ts_ns, end_ns, dur_ns, sum(dur_ns) OVER (ORDER BY ts_ns) AS cum_ns
+    FROM named, active
+    WHERE list_contains($window_ops, [op, native]) AND ts_ns >= active.lo AND end_ns <= active.hi
 ), span AS (SELECT min(ts_ns) AS lo, max(end_ns) AS hi, count(*) AS windows, sum(dur_ns) AS in_ns FROM w),
-s AS (  -- each activity start with the window at or before it and the window after it
-    SELECT a.ts_ns, a.event_id, prv.event_id AS prv_id, a.ts_ns < prv.end_ns AS inside, nxt.event_id AS nxt_id
+s AS (  -- each activity start with the window at or before it; outside starts get a clock with windows cut out
+    SELECT a.ts_ns, a.event_id, prv.event_id AS prv_id, coalesce(a.ts_ns < prv.end_ns, false) AS inside,
+           a.ts_ns - coalesce(prv.cum_ns, 0) AS outside_clock_ns
     FROM (SELECT act.* FROM act, span WHERE act.ts_ns >= span.lo AND act.ts_ns < span.hi) a
     ASOF LEFT JOIN w prv ON a.ts_ns >= prv.ts_ns
-    ASOF LEFT JOIN w nxt ON a.ts_ns < nxt.ts_ns
-), per_window AS (  -- B's rate in each window vs in the stretch just before it
-    SELECT w.event_id, w.dur_ns, w.ts_ns - greatest(w.prev_end, w.ts_ns - w.dur_ns) AS ctrl_ns,
-           (SELECT count(*) FROM s WHERE s.prv_id = w.event_id AND s.inside) AS n_in,
-           (SELECT count(*) FROM s WHERE s.nxt_id = w.event_id
-               AND s.ts_ns >= greatest(w.prev_end, w.ts_ns - w.dur_ns)) AS n_ctrl
-    FROM w WHERE w.prev_end IS NOT NULL AND w.prev_end < w.ts_ns
-), gaps AS (
-    SELECT ts_ns AS g0, nx AS g1 FROM (
-        SELECT ts_ns, lead(ts_ns) OVER (ORDER BY ts_ns, event_id) AS nx FROM s) t
-    WHERE nx - ts_ns >= $min_gap_ns
-), quiet AS (  -- windows whose core (all but $handoff_ns at each edge) holds no activity of B
-    SELECT w.ts_ns, w.end_ns FROM w
-    WHERE NOT EXISTS (SELECT 1 FROM s WHERE s.prv_id = w.event_id
-                      AND s.ts_ns >= w.ts_ns + $handoff_ns AND s.ts_ns < w.end_ns - $handoff_ns)
-), edges AS (SELECT ts_ns AS t FROM quiet UNION ALL SELECT end_ns FROM quiet),
-handoff AS (  -- does each idle gap end at an edge of a quiet window, i.e. when A lets the GIL go?
-    SELECT count(*) AS gaps_n,
-           count(*) FILTER (WHERE coalesce(g1 - pe.t <= $handoff_ns, false)
-                               OR coalesce(ne.t - g1 <= $handoff_ns, false)) AS gaps_at_edge
-    FROM gaps
-    ASOF LEFT JOIN edges pe ON gaps.g1 >= pe.t
-    ASOF LEFT JOIN edges ne ON gaps.g1 < ne.t
-), gap_cover AS (
-    SELECT coalesce(sum(least(g1, w.end_ns) - greatest(g0, w.ts_ns)), 0) AS covered_ns
-    FROM gaps JOIN w ON w.ts_ns < gaps.g1 AND w.end_ns > gaps.g0
+), outside_gaps AS (  -- gaps between the thread's starts outside the windows, on that clock
+    SELECT lead(outside_clock_ns) OVER (ORDER BY ts_ns, event_id) - outside_clock_ns AS gap_ns
+    FROM s WHERE NOT inside
+), silent_chance AS (  -- per window: the chance that as long a stretch outside holds no start
+    SELECT w.event_id,
+           (SELECT coalesce(sum(gap_ns - w.dur_ns), 0) FROM outside_gaps WHERE gap_ns > w.dur_ns)
+           / nullif((SELECT sum(gap_ns) FROM outside_gaps), 0) AS p_silent
+    FROM w
 ), units AS (  -- the starved thread's units of work (its record_function ranges of one name)
     SELECT u.event_id, u.dur_ns, coalesce(u.ts_ns < ow.end_ns, false) AS hits_window
     FROM (SELECT e.event_id, e.ts_ns, e.end_ns, e.dur_ns FROM events e, span
@@ -108,17 +119,9 @@ SELECT
     round(1e6 * count(*) FILTER (WHERE inside) / any_value(span.in_ns), 4) AS rate_in_per_ms,
     round(1e6 * count(*) FILTER (WHERE NOT inside) / nullif(any_value(span.hi - span.lo - span.in_ns), 0), 4)
         AS rate_out_per_ms,
-    (SELECT count(*) FROM per_window WHERE n_in * ctrl_ns < n_ctrl * dur_ns) AS windows_slower,
-    (SELECT count(*) FROM per_window WHERE n_in * ctrl_ns > n_ctrl * dur_ns) AS windows_faster,
-    (SELECT count(*) FROM per_window WHERE n_in = 0) AS windows_silent,
-    (SELECT count(*) FROM per_window) AS windows_paired,
-    (SELECT coalesce(sum(g1 - g0), 0) FROM gaps) AS gap_ns,
-    (SELECT covered_ns FROM gap_cover) AS gap_in_windows_ns,
+    any_value(span.windows) - count(DISTINCT prv_id) FILTER (WHERE inside) AS windows_silent,
+    round((SELECT sum(p_silent) FROM silent_chance), 2) AS windows_silent_expected,
     round(any_value(span.in_ns) / any_value(span.hi - span.lo), 4) AS window_share_of_span,
-    (SELECT gaps_n FROM handoff) AS idle_gaps,
-    (SELECT gaps_at_edge FROM handoff) AS gaps_ending_at_window_edge,
-    round((SELECT gaps_at_edge / nullif(gaps_n, 0) FROM handoff), 4) AS handoff_share,
-    round(least(1.0, 4 * $handoff_ns * any_value(span.windows) / any_value(span.hi - span.lo)), 4) AS handoff_expected,
     (SELECT count(*) FROM units WHERE hits_window) AS units_in,
     (SELECT count(*) FROM units WHERE NOT hits_window) AS units_out,
     (SELECT median(dur_ns) FROM units WHERE hits_window) AS unit_p50_in_ns,
@@ -134,36 +137,13 @@ SELECT pid, tid, arg_max(name, n) AS unit FROM (
 GROUP BY ALL
 """
 
-# The longest windows of the op on its thread inside the measured span.
+# The longest windows inside the measured span: the native calls themselves.
 SAMPLES_SQL = f"""
-SELECT event_id FROM events
-WHERE run_id = $run_id AND pid = $pid AND tid = $tid AND kind = $kind AND {ADDRESS_SQL} = $op
-  AND dur_ns >= $min_window_ns AND ts_ns >= $lo AND end_ns <= $hi
+WITH {WINDOWS_CTE}
+SELECT event_id FROM named
+WHERE list_contains($window_ops, [op, native]) AND ts_ns >= $lo AND end_ns <= $hi
 ORDER BY dur_ns DESC, event_id LIMIT 5
 """
-
-# The native call inside a window: the shortest Python frame under it that covers half of it.
-NATIVE_SQL = f"""
-SELECT {ADDRESS_SQL} AS name
-FROM python_functions f, (SELECT ts_ns, end_ns, dur_ns FROM events WHERE event_id = $id) w
-WHERE f.run_id = $run_id AND f.pid = $pid AND f.tid = $tid
-  AND f.ts_ns >= w.ts_ns AND f.end_ns <= w.end_ns AND f.dur_ns >= w.dur_ns / 2
-ORDER BY f.dur_ns ASC LIMIT 1
-"""
-
-
-def candidates(con, run_id: int, params) -> dict[tuple, list]:
-    """Window ops per (pid, tid), longest in total first."""
-    found = rows(
-        con,
-        CANDIDATES_SQL,
-        {"run_id": run_id, "min_window_ns": params["min_window_ns"], "min_windows": params["min_windows"],
-         "gil_free": GIL_FREE_WAITS},
-    )  # fmt: skip
-    by_thread: dict[tuple, list] = {}
-    for c in found:
-        by_thread.setdefault((c.pid, c.tid), []).append(c)
-    return by_thread
 
 
 def threads(con, run_id: int, params) -> list:
@@ -175,24 +155,11 @@ def units(con, run_id: int, params) -> dict[tuple, str]:
     return {(u.pid, u.tid): u.unit for u in found}
 
 
-def stats(con, sql_params: dict):
-    """The evidence row of one (window op, starved thread) pair."""
-    return one(con, STATS_SQL, sql_params)
-
-
-def window_samples(con, run_id, pid, tid, kind, op, params, lo, hi) -> list[int]:
-    found = rows(
-        con,
-        SAMPLES_SQL,
-        {"run_id": run_id, "pid": pid, "tid": tid, "kind": kind, "op": op,
-         "min_window_ns": params["min_window_ns"], "lo": lo, "hi": hi},
-    )  # fmt: skip
-    return [s.event_id for s in found]
-
-
-def native_call(con, run_id, pid, tid, window_event_id, op) -> str | None:
-    hit = one(con, NATIVE_SQL, {"id": window_event_id, "run_id": run_id, "pid": pid, "tid": tid})
-    return hit.name if hit and hit.name != op else None
+def min_window_ns(starved, params) -> int:
+    """The shortest call worth testing: one the starved thread would start `min_expected_starts` events
+    in at its own mean rate (shorter ones cannot show it missing)."""
+    mean_interval_ns = starved.active_ns / max(1, starved.starts - 1)
+    return max(1, int(params["min_expected_starts"] * mean_interval_ns))
 
 
 def poisson_cdf(k: int, mu: float) -> float:
@@ -221,108 +188,96 @@ def binom_upper(k: int, n: int, q: float = 0.5) -> float:
 
 
 def significance(row, params: dict) -> dict:
-    """p-values of the three tests on one pair's numbers, and which of them is significant."""
-    ratio = row.rate_ratio
-    p_poisson = p_sign = 1.0
+    """p-values of the two tests over all windows together, and whether the pair is significant.
+
+    Poisson: the starved thread's starts inside the windows against its outside rate (optimistic: the
+    frames of one unit of work cluster). Silent windows: how many windows hold none of its starts,
+    against the chance that an outside stretch as long holds none (binomial at the mean chance; the
+    windows' chances differ, which only narrows the true spread); clusters count once here. The pair
+    is judged on the larger p-value."""
+    p_poisson = p_silent = 1.0
     if row.rate_out_per_ms:
-        expected_in = row.rate_out_per_ms * row.window_total_ns / 1e6
-        p_poisson = poisson_cdf(int(row.starts_in), expected_in)
-    p_sign = binom_upper(int(row.windows_slower), int(row.windows_slower + row.windows_faster))
-    p_rate = max(p_poisson, p_sign)
-    rate_significant = ratio is not None and ratio <= params["max_rate_ratio"] and p_rate < params["alpha"]
-    p_handoff = binom_upper(
-        int(row.gaps_ending_at_window_edge or 0), int(row.idle_gaps or 0), row.handoff_expected or 1.0
-    )
-    handoff_significant = (
-        not rate_significant
-        and (row.gaps_ending_at_window_edge or 0) >= params["min_handoff_gaps"]
-        and (row.handoff_share or 0) >= 0.5
-        and p_handoff < params["alpha"]
-    )
+        p_poisson = poisson_cdf(int(row.starts_in), row.rate_out_per_ms * row.window_total_ns / 1e6)
+    if row.windows and row.windows_silent_expected is not None:
+        p_silent = binom_upper(int(row.windows_silent), int(row.windows), row.windows_silent_expected / row.windows)
+    p_value = max(p_poisson, p_silent)
+    ratio = row.rate_ratio
     return {
-        "p_value": p_rate if rate_significant or not handoff_significant else p_handoff,
-        "p_sign_test": p_sign,
+        "p_value": p_value,
         "p_poisson": p_poisson,
-        "p_handoff": p_handoff,
-        "rate_significant": rate_significant,
-        "handoff_significant": handoff_significant,
-        "significant": rate_significant or handoff_significant,
-        "observed_column": "handoff_share" if handoff_significant or ratio is None else "rate_ratio",
+        "p_silent_windows": p_silent,
+        "significant": ratio is not None and ratio <= params["max_rate_ratio"] and p_value < params["alpha"],
     }
 
 
 @dataclass
-class Candidate:
-    """One window op on thread A measured against thread B."""
+class Pair:
+    """The windows of some ops on thread A measured against thread B."""
 
-    key: tuple  # (strength, kind preference, -window time, op): smaller is stronger
-    stats: dict
-    kind: str
-    op: str
+    pid: int
+    window_tid: int
+    starved_tid: int
+    ops: list[str]
+    natives: list[str]
     row: object
+    stats: dict
     sql_params: dict
 
+    @property
+    def strength(self) -> float:
+        """Smaller is stronger: the in-window rate ratio."""
+        return self.row.rate_ratio if self.row.rate_ratio is not None else 1.0
 
-def strongest_pairs(con, run_id: int, params, by_thread) -> list[tuple]:
-    """(pid, thread A, thread B, strongest candidate) for every pair of threads of one process."""
+
+def pairs(con, run_id: int, params) -> list[Pair]:
+    """For every ordered pair of Python threads of one process: the window ops of A that starve B,
+    measured together (or, when none does, the op with the most window time, not significant)."""
     unit_names = units(con, run_id, params)
     checked = threads(con, run_id, params)
-    pairs = []
-    for (pid, a_tid), ops in by_thread.items():
+    found = []
+    for a in checked:
         for b in checked:
-            if b.pid != pid or b.tid == a_tid:
+            if b.pid != a.pid or b.tid == a.tid:
                 continue
-            measured = [
-                _candidate(con, run_id, params, pid, a_tid, b.tid, c, unit_names)
-                for c in ops[: params["max_candidates"]]
-            ]
-            measured = [m for m in measured if m is not None]
-            if measured:
-                pairs.append((pid, a_tid, b.tid, _pick(measured)))
-    return pairs
+            pair = _pair(con, run_id, params, a, b, unit_names.get((b.pid, b.tid)))
+            if pair is not None:
+                found.append(pair)
+    return found
 
 
-def _candidate(con, run_id, params, pid, a_tid, b_tid, c, unit_names) -> Candidate | None:
-    sql_params = {
+def _pair(con, run_id, params, a, b, unit_name) -> Pair | None:
+    base = {
         "run_id": run_id,
-        "min_window_ns": params["min_window_ns"],
-        "pid": pid,
-        "window_tid": a_tid,
-        "window_kind": c.kind,
-        "window_op": c.op,
-        "thread_tid": b_tid,
-        "min_gap_ns": params["min_gap_ns"],
-        "handoff_ns": params["handoff_ns"],
-        "unit_name": unit_names.get((pid, b_tid)),
+        "pid": a.pid,
+        "window_tid": a.tid,
+        "thread_tid": b.tid,
+        "min_window_ns": min_window_ns(b, params),
+        "gil_free": GIL_FREE_WAITS,
+        "unit_name": unit_name,
     }
-    row = stats(con, sql_params)
-    if not row.windows or row.windows < params["min_windows"]:
+    ops = rows(con, CANDIDATES_SQL, {k: base[k] for k in WINDOW_KEYS} | {"min_windows": params["min_windows"]})
+    tested = []
+    for c in ops[: params["max_candidates"]]:
+        sql_params = {**base, "window_ops": [[c.op, c.native]]}
+        row = one(con, STATS_SQL, sql_params)
+        if row is None or not row.windows or row.windows < params["min_windows"]:
+            continue
+        tested.append((c, row, significance(row, params), sql_params))
+    if not tested:
         return None
-    tests = significance(row, params)
-    if tests["rate_significant"]:
-        strength = round(row.rate_ratio, 1)
-    elif tests["handoff_significant"]:
-        strength = 1 + round(1 - row.handoff_share, 1)
-    else:
-        strength = 2.0  # nothing significant: report (with report_clear) the preferred kind
-    key = (strength, KIND_PREFERENCE[c.kind], -row.window_total_ns, c.op)
-    return Candidate(key, tests, c.kind, c.op, row, sql_params)
+    starving = [t for t in tested if t[2]["significant"]]
+    if len(starving) <= 1:
+        c, row, stats, sql_params = starving[0] if starving else tested[0]
+        return Pair(a.pid, a.tid, b.tid, [c.op], [c.native], row, stats, sql_params)
+    # every op that starves the thread, measured together: one finding for dispatch and combine
+    sql_params = {**base, "window_ops": sorted([t[0].op, t[0].native] for t in starving)}
+    row = one(con, STATS_SQL, sql_params)
+    ops = sorted({t[0].op for t in starving})
+    natives = sorted({t[0].native for t in starving})
+    return Pair(a.pid, a.tid, b.tid, ops, natives, row, significance(row, params), sql_params)
 
 
-def _pick(items: list[Candidate]) -> Candidate:
-    """The strongest window op for a pair; a Python builtin loses to a significant annotation or op around
-    it (about as many windows, at most 1.5x its time): the name the user wrote is the one to report."""
-    best = min(items, key=lambda c: c.key)
-    if best.kind == "python_function" and best.stats["significant"]:
-        windows, total = best.row.windows, best.row.window_total_ns
-        outer = [
-            c
-            for c in items
-            if c.kind != "python_function"
-            and c.stats["significant"]
-            and abs(c.row.windows - windows) <= 0.1 * windows
-            and total <= c.row.window_total_ns <= 1.5 * total
-        ]
-        if outer:
-            return min(outer, key=lambda c: c.key)
-    return best
+def window_samples(con, pair: Pair) -> list[int]:
+    params = {k: pair.sql_params[k] for k in (*WINDOW_KEYS, "window_ops")}
+    found = rows(con, SAMPLES_SQL, params | {"lo": pair.row.first_ns, "hi": pair.row.last_ns})
+    return [s.event_id for s in found]
