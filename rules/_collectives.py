@@ -14,11 +14,16 @@ from tracekit.engine.toolkit import rows
 # union is taken here, over this device's kernels only, rather than read from gpu_busy_layers, which
 # would merge every device of every run for each device asked.
 PER_KERNEL_SQL = """
-WITH comm AS (
-    SELECT run_id, device AS lane, kernel_event_id AS event_id, kernel_name AS name, stream, gpu_ts_ns AS start_ns,
+WITH all_comm AS (
+    SELECT run_id, device AS comm_device, kernel_event_id AS event_id, kernel_name AS name, stream, gpu_ts_ns AS start_ns,
            gpu_end_ns AS end_ns, gpu_dur_ns AS dur_ns, collective, process_group, dtype, in_nelems, out_nelems,
            group_size, bytes, annotation, launch_event_id
     FROM collectives WHERE run_id = $run_id AND device = $device AND kernel_event_id IS NOT NULL
+), comm AS (
+    -- the steady state only (unless $all_phases): a kernel mostly inside a warm-up, capture or
+    -- profiler window (`run_phases`) is left out
+    SELECT * EXCLUDE (comm_device, left_out_ns, steady_ns), comm_device AS lane
+    FROM steady_between('all_comm', all_phases := $all_phases) WHERE 2 * left_out_ns <= dur_ns
 ), hiding AS (
     SELECT run_id, device AS lane, ts_ns, end_ns FROM kernels
     WHERE NOT is_communication AND dur_ns IS NOT NULL AND run_id = $run_id AND device = $device
@@ -35,7 +40,8 @@ EVIDENCE_SQL = (
     "SELECT CAST(sum(exposed_ns) AS BIGINT) AS exposed_ns, CAST(sum(dur_ns) AS BIGINT) AS comm_ns,\n"
     "       CAST(sum(overlapped_ns) AS BIGINT) AS overlapped_ns, count(*) AS comm_kernels,\n"
     "       round(100.0 * sum(overlapped_ns) / nullif(sum(dur_ns), 0), 2) AS overlap_pct,\n"
-    "       sum(exposed_ns) / (SELECT end_ns - start_ns FROM runs WHERE run_id = $run_id) AS exposed_share\n"
+    "       sum(exposed_ns) / (SELECT CASE WHEN $all_phases THEN window_ns ELSE steady_ns END FROM run_steady\n"
+    "                          WHERE run_id = $run_id) AS exposed_share\n"
     "FROM (" + PER_KERNEL_SQL + ") per_kernel"
 )
 

@@ -45,7 +45,7 @@ from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.toolkit import locality, one, rows
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _collectives
+from tracekit.rules import _collectives, _phases
 from tracekit.units import duration
 
 SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB, NCCL time is latency, not bandwidth
@@ -67,6 +67,7 @@ WAITING = 0.5  # share of the exposed time spent waiting for a peer from which t
         "critical_share": Param(
             0.2, "severity critical when exposed comm is at least this share of the window", "ratio"
         ),
+        "all_phases": _phases.ALL_PHASES,
     },
     example=Example(("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")),
 )
@@ -81,10 +82,15 @@ def check(con, params, ctx):
     cross = _collectives.cross_rank(con, ctx, world)
     for d in comm_devices:
         run = ctx.run(d.run_id)
-        window = run.window_ns
-        if window <= 0:
+        window = _phases.window(con, ctx, run, params)
+        if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue
-        sql_params = {"run_id": d.run_id, "device": d.device, "memcpy_is_compute": bool(params["memcpy_is_compute"])}
+        sql_params = {
+            "run_id": d.run_id,
+            "device": d.device,
+            "memcpy_is_compute": bool(params["memcpy_is_compute"]),
+            "all_phases": params["all_phases"],
+        }
         kernels = _collectives.per_kernel(con, sql_params)
         comm = sum(k.dur_ns for k in kernels)
         if not comm:
@@ -94,7 +100,7 @@ def check(con, params, ctx):
         by_share = exposed / window >= params["min_exposed_share"]
         by_overlap = overlap_pct < params["max_overlap_pct"] and comm / window >= params["min_comm_share"]
         if by_share or by_overlap:
-            yield _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels)
+            yield _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels, window)
 
 
 def _unrecognised_collectives(con, ctx, world, with_comm):
@@ -185,8 +191,7 @@ def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stre
     )
 
 
-def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
-    window = run.window_ns
+def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
     comm = int(sum(k.dur_ns for k in kernels))
     exposed = int(sum(k.exposed_ns for k in kernels))
     overlapped = int(sum(k.overlapped_ns for k in kernels))
@@ -220,7 +225,13 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
         title += f"; {100 * wait_share:.1f}% of it waiting for rank {late_rank}"
     op = launcher["op"]
     launch = {k: launcher[k] for k in ("call", "annotation", "collective") if launcher[k]}
+    left_out = _phases.left_out(
+        con, ctx, run.run_id, min(k.start_ns for k in kernels), max(k.end_ns for k in kernels), params
+    )
+    note = _phases.caveat(left_out, "the communication kernels and the run window")
     extra = {
+        "left_out_ns": sum(w["dur_ns"] for w in left_out),
+        "left_out": _phases.listed(left_out),
         "comm_ns": comm,
         "overlapped_ns": overlapped,
         "overlap_pct": round(overlap_pct, 2),
@@ -293,6 +304,6 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
                 else "."
             ),
         ),
-        caveats=_caveats(params, kernels, exposed, window, shared_streams, cross),
+        caveats=_caveats(params, kernels, exposed, window, shared_streams, cross) + ([note] if note else []),
         extra=extra,
     )

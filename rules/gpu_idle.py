@@ -60,7 +60,7 @@ from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, one, user_frame
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _idle_gaps
+from tracekit.rules import _idle_gaps, _phases
 from tracekit.units import duration
 
 _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "kernel wait", "other": "other"}
@@ -79,13 +79,14 @@ _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "
         "short_gap_ns": Param(100_000, "host gaps up to this long count as per-launch overhead", "ns"),
         "top_gaps": Param(5, "how many of the largest gaps to list", "gaps"),
         **share_params("the exposed idle share of the stream's active window", critical=0.5, warning=0.3),
+        "all_phases": _phases.ALL_PHASES,
     },
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
 def check(con, params, ctx):
     _idle_gaps.build_gap_table(con, params)
     for run in ctx.runs:
-        if run.window_ns <= 0:
+        if run.window_ns <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue
         streams = _idle_gaps.stream_summaries(con, run.run_id, params)
         if not streams:
@@ -110,7 +111,8 @@ def check(con, params, ctx):
 
 
 def _active_ns(s) -> int:
-    return int(s.last_ns - s.first_ns)
+    """The stream's active window (first start to last end), steady time only unless all_phases."""
+    return int(s.active_ns)
 
 
 def _over_threshold(s, params: dict) -> bool:
@@ -217,6 +219,10 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
         site_text = f" The largest share of host gaps ends at launches from {h['site']} ({frame})."
     hypothesis, next_experiment = _explain(s, split, dominant, params, graph_launches, site_text, s.device)
     caveats, confidence = _caveats(s, graph_launches)
+    left_out = _phases.left_out(con, ctx, run.run_id, s.first_ns, s.last_ns, params)
+    note = _phases.caveat(left_out, "the stream's active window")
+    if note:
+        caveats.append(note)
     by_cause = ", ".join(f"{label} {split[c] / idle:.0%}" for c, label in _CAUSE_LABELS.items())
     return Finding(
         rule="G001",
@@ -246,6 +252,7 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
             "run_id": run.run_id,
             **where,
             "kernel_wait_ns": params["kernel_wait_ns"],
+            "all_phases": params["all_phases"],
             "short_gap_ns": params["short_gap_ns"],
         },
         sample_event_ids=[g["next_activity"]["event_id"] for g in largest],
@@ -271,6 +278,9 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
             "largest_gaps": largest,
             "host_gap_sites": host_sites,
             "other_idle_streams": others,
+            "active_window_ns": [int(s.first_ns), int(s.last_ns)],
+            "left_out_ns": sum(w["dur_ns"] for w in left_out),
+            "left_out": _phases.listed(left_out),
             "hta_equivalent": "get_idle_time_breakdown: host_wait = host, kernel_wait = kernel_wait, "
             "other = other_gpu + other",
         },

@@ -45,7 +45,27 @@ from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
+from tracekit.rules import _phases
 from tracekit.units import duration
+
+# The blocking calls of run $run_id in its steady state (unless $all_phases): a call that returns in
+# a warm-up, capture or profiler window (`run_phases`) is left out, and a call is charged only the
+# steady part of the idle after its return.
+STEADY_CALLS_SQL = """
+WITH calls AS (
+    SELECT * FROM host_blocking_exempting($small_htod_bytes) WHERE run_id = $run_id
+), charged AS (
+    SELECT run_id, event_id, end_ns AS start_ns, CASE WHEN charged_idle_ns > 0 THEN gap_end_ns ELSE end_ns END AS end_ns
+    FROM calls
+), returned AS (
+    SELECT run_id, event_id, end_ns AS start_ns, end_ns + 1 AS end_ns FROM calls
+)
+SELECT c.* REPLACE (CASE WHEN c.charged_idle_ns > 0 THEN s.steady_ns ELSE 0 END AS charged_idle_ns)
+FROM calls c
+JOIN steady_between('charged', all_phases := $all_phases) s USING (event_id)
+JOIN steady_between('returned', all_phases := $all_phases) r USING (event_id)
+WHERE r.steady_ns > 0
+"""
 
 # The run's repeated blocking call sites (thread, call, issuing op or frame) over the thresholds.
 SITES_SQL = """
@@ -54,7 +74,7 @@ SELECT pid, tid, call, site, any_value(blocking) AS blocking, count(*) AS calls,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns, arg_max(event_id, dur_ns) AS worst_event_id,
        list(event_id ORDER BY charged_idle_ns DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
        median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
-FROM host_blocking_exempting($small_htod_bytes) WHERE run_id = $run_id
+FROM (""" + STEADY_CALLS_SQL + """) steady_calls
 GROUP BY pid, tid, call, site
 HAVING count(*) >= $min_calls AND sum(charged_idle_ns) >= $min_share * $window
 ORDER BY sum(charged_idle_ns) DESC, site, call
@@ -65,8 +85,8 @@ SITE_SQL = """
 SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS host_blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns
-FROM host_blocking_exempting($small_htod_bytes)
-WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
+FROM (""" + STEADY_CALLS_SQL + """) steady_calls
+WHERE pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
   AND site = $site
 """
 
@@ -84,13 +104,14 @@ WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT
         **share_params(
             "the GPU idle time charged to the site's calls over the run window", critical=0.10, warning=0.02
         ),
+        "all_phases": _phases.ALL_PHASES,
     },
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
 def check(con, params, ctx):
     for run in ctx.runs:
-        window = run.window_ns
-        if window <= 0:
+        window = _phases.window(con, ctx, run, params)
+        if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue
         sites = rows(
             con,
@@ -101,19 +122,21 @@ def check(con, params, ctx):
                 "min_calls": params["min_calls"],
                 "min_share": params["min_share"],
                 "window": window,
+                "all_phases": params["all_phases"],
             },
         )
         for site in sites:
-            yield _finding(ctx, run, params, site)
+            left_out = _phases.left_out(con, ctx, run.run_id, site.first_ns, site.last_ns, params)
+            yield _finding(ctx, run, params, site, window, left_out)
 
 
-def _finding(ctx, run, params, s) -> Finding:
+def _finding(ctx, run, params, s, window, left_out) -> Finding:
     cost = int(s.gpu_idle_after_ns)
     implicit = s.blocking == "sync"
     calls = f"{s.charged_calls} of {s.calls}" if s.charged_calls < s.calls else f"{s.calls}"
     return Finding(
         rule="H001",
-        severity=by_share(cost / run.window_ns, params),
+        severity=by_share(cost / window, params),
         confidence=0.9 if implicit else 0.8,
         title=(
             f"GPU idle {duration(cost)} after {calls} blocking {s.call} ({s.blocking}) "
@@ -136,7 +159,7 @@ def _finding(ctx, run, params, s) -> Finding:
         ),
         expected=Quantity(0, "ns", "no blocking call inside the steady-state loop"),
         impact_ns=cost,
-        window_ns=run.window_ns,
+        window_ns=window,
         sql=SITE_SQL,
         sql_params={
             "run_id": run.run_id,
@@ -145,6 +168,7 @@ def _finding(ctx, run, params, s) -> Finding:
             "call": s.call,
             "site": s.site,
             "small_htod_bytes": params["small_htod_bytes"],
+            "all_phases": params["all_phases"],
         },
         sample_event_ids=s.sample_event_ids,
         hypothesis=(
@@ -162,4 +186,6 @@ def _finding(ctx, run, params, s) -> Finding:
             f"calls at this site drop to 0 (or below {params['min_calls']}) and rule G001 reports less idle time "
             "on the stream it fed.",
         ),
+        caveats=[note for note in [_phases.caveat(left_out, "the site's calls and the run window")] if note],
+        extra={"left_out_ns": sum(w["dur_ns"] for w in left_out), "left_out": _phases.listed(left_out)},
     )

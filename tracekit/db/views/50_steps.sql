@@ -158,47 +158,16 @@ CREATE OR REPLACE VIEW step_windows(
 SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns, dur_ns, pid, tid, depth
 FROM step_windows_named(NULL);
 
--- The steps of every run delimited by the annotation `step_name` (a trailing `#N` is ignored), or
--- by the step rule when `step_name` is NULL (that is the `steps` view), with their phase and time
--- breakdown. Same columns as `steps`.
+-- The phase of every step delimited by the annotation `step_name` (a trailing `#N` is ignored), or
+-- by the step rule when `step_name` is NULL: `steps.phase` and `steps.phase_reason` without the time
+-- breakdown, so that rules and `run_phases` read the phases without computing every step's GPU and
+-- host time.
 --
--- Cost: `step_windows_named`, two ASOF lookups per step and layer of `gpu_busy_layers` (one sort of
--- the run's activities per layer), one sweep over the step thread's host events, and one scan of the events
--- named like capture, lazy-init and profiler-overhead calls.
-CREATE OR REPLACE MACRO steps_named(step_name) AS TABLE
+-- Cost: `step_windows_named`, one scan of the events named like capture, lazy-init and
+-- profiler-overhead calls, one of the launch calls.
+CREATE OR REPLACE MACRO step_phases_named(step_name) AS TABLE
 WITH _w AS MATERIALIZED (
-    SELECT s.*, m.device FROM step_windows_named(step_name) s JOIN main_device m USING (run_id)
-), _layer_windows AS (
-    SELECT w.run_id, w.step_index, w.start_ns, w.end_ns, l.layer, {'device': w.device, 'layer': l.layer} AS lane
-    FROM _w w, (VALUES ('all'), ('kernel'), ('compute'), ('communication')) l(layer)
-    WHERE w.device IS NOT NULL
-), _layer_blocks AS (
-    SELECT run_id, {'device': device, 'layer': layer} AS lane, start_ns, end_ns, busy_before_ns FROM gpu_busy_layers
-    WHERE run_id IN (SELECT run_id FROM _w)
-), _gpu AS (
-    SELECT run_id, step_index,
-           sum(busy_ns) FILTER (WHERE layer = 'all') AS all_ns,
-           sum(busy_ns) FILTER (WHERE layer = 'kernel') AS kernel_ns,
-           sum(busy_ns) FILTER (WHERE layer = 'compute') AS compute_busy_ns,
-           sum(busy_ns) FILTER (WHERE layer = 'communication') AS comm_busy_ns
-    FROM busy_between('_layer_windows', '_layer_blocks') GROUP BY run_id, step_index
-), _run_thread AS (
-    SELECT run_id, any_value(pid) AS pid, any_value(tid) AS tid, min(depth) AS depth, any_value(name) AS name
-    FROM _w GROUP BY run_id
-), _host_intervals AS (
-    -- the step thread's host work below the step annotation (the annotation itself covers the step)
-    SELECT e.run_id, 0 AS lane, e.ts_ns, e.end_ns
-    FROM events e JOIN _run_thread t ON e.run_id = t.run_id AND e.pid = t.pid AND e.tid = t.tid
-    WHERE e.ph = 'X' AND e.dur_ns > 0 AND e.depth > t.depth AND NOT is_device_kind(e.kind)
-      AND e.kind NOT IN ('python_function', 'profiler_span', 'overhead')
-      AND NOT (t.name IS NOT NULL AND e.kind IN ('user_annotation', 'cpu_op')
-               AND regexp_replace(e.name, '#[0-9]+$', '') = t.name)
-), _host_blocks AS (
-    SELECT * FROM interval_union('_host_intervals')
-), _hw AS (
-    SELECT run_id, step_index, 0 AS lane, start_ns, end_ns FROM _w
-), _host AS (
-    SELECT run_id, step_index, busy_ns FROM busy_between('_hw', '_host_blocks')
+    SELECT * FROM step_windows_named(step_name)
 ), _marks AS (
     SELECT run_id, ts_ns, least(end_ns, ts_ns + coalesce(dur_ns, 0)) AS end_ns, name,
            CASE WHEN regexp_matches(name, '^(cuda|cu|hip)Stream(Begin|End)Capture')
@@ -239,7 +208,7 @@ WITH _w AS MATERIALIZED (
                FROM _launch_calls GROUP BY run_id) l USING (run_id)
     GROUP BY w.run_id
 ), _tested AS (
-    SELECT w.*, g.all_ns, g.kernel_ns, g.compute_busy_ns, g.comm_busy_ns, h.busy_ns AS host_busy_ns, coalesce(e.capture_calls, 0) AS capture_calls, e.capture_names,
+    SELECT w.*, coalesce(e.capture_calls, 0) AS capture_calls, e.capture_names,
            coalesce(e.lazy_calls, 0) AS lazy_calls, e.lazy_names, coalesce(e.profiler_ns, 0) AS profiler_ns,
            r.later_median_ns, r.later_lazy_max, r.first_launch_ns, r.median_launch_ns,
            w.step_index = 0 AND r.steps_in_run >= 2 AS first_of_several,
@@ -247,12 +216,9 @@ WITH _w AS MATERIALIZED (
            r.first_launch_ts >= w.start_ns AND r.first_launch_ts < w.end_ns
                AND r.first_launch_ns > step_warmup_launch_factor() * r.median_launch_ns AS cold_launch,
            w.dur_ns > step_warmup_duration_factor() * r.later_median_ns AS long_first
-    FROM _w w
-    LEFT JOIN _gpu g USING (run_id, step_index)
-    LEFT JOIN _host h USING (run_id, step_index) LEFT JOIN _evidence e USING (run_id, step_index)
-    JOIN _runs r USING (run_id)
+    FROM _w w LEFT JOIN _evidence e USING (run_id, step_index) JOIN _runs r USING (run_id)
 )
-SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns, dur_ns,
+SELECT run_id, step_index,
        CASE WHEN capture_calls > 0 THEN 'capture'
             WHEN first_of_several AND (cold_init OR cold_launch OR long_first) THEN 'warm-up'
             WHEN profiler_ns >= step_profiler_overhead_share() * dur_ns THEN 'profiler'
@@ -267,7 +233,72 @@ SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns,
                                                  dur_ns / later_median_ns, dur_ns / 1e6, later_median_ns / 1e6) END)
             WHEN profiler_ns >= step_profiler_overhead_share() * dur_ns
                 THEN printf('profiler overhead events take %.3f ms, %.0f%% of the step', profiler_ns / 1e6, 100 * profiler_ns / dur_ns)
-            ELSE 'no CUDA-graph capture, cold start or profiler overhead in the step' END AS phase_reason,
+            ELSE 'no CUDA-graph capture, cold start or profiler overhead in the step' END AS phase_reason
+FROM _tested;
+
+-- One row per step per run, by the step rule (see above), with its phase but without the time
+-- breakdown of `steps` (cheaper: no GPU or host time is computed). `run_phases` reads it.
+CREATE OR REPLACE VIEW step_phases(
+    -- the run
+    run_id,
+    -- the step (`step_windows.step_index`)
+    step_index,
+    -- `steady`, `warm-up`, `capture` or `profiler` (see above)
+    phase,
+    -- the evidence for the phase, with its numbers
+    phase_reason
+) AS
+SELECT run_id, step_index, phase, phase_reason FROM step_phases_named(NULL);
+
+-- The steps of every run delimited by the annotation `step_name` (a trailing `#N` is ignored), or
+-- by the step rule when `step_name` is NULL (that is the `steps` view), with their phase
+-- (`step_phases_named`) and time breakdown. Same columns as `steps`.
+--
+-- Cost: `step_windows_named`, `step_phases_named`, two ASOF lookups per step and layer of
+-- `gpu_busy_layers` (one sort of the run's activities per layer), one sweep over the step thread's
+-- host events.
+CREATE OR REPLACE MACRO steps_named(step_name) AS TABLE
+WITH _w AS MATERIALIZED (
+    SELECT s.*, m.device FROM step_windows_named(step_name) s JOIN main_device m USING (run_id)
+), _layer_windows AS (
+    SELECT w.run_id, w.step_index, w.start_ns, w.end_ns, l.layer, {'device': w.device, 'layer': l.layer} AS lane
+    FROM _w w, (VALUES ('all'), ('kernel'), ('compute'), ('communication')) l(layer)
+    WHERE w.device IS NOT NULL
+), _layer_blocks AS (
+    SELECT run_id, {'device': device, 'layer': layer} AS lane, start_ns, end_ns, busy_before_ns FROM gpu_busy_layers
+    WHERE run_id IN (SELECT run_id FROM _w)
+), _gpu AS (
+    SELECT run_id, step_index,
+           sum(busy_ns) FILTER (WHERE layer = 'all') AS all_ns,
+           sum(busy_ns) FILTER (WHERE layer = 'kernel') AS kernel_ns,
+           sum(busy_ns) FILTER (WHERE layer = 'compute') AS compute_busy_ns,
+           sum(busy_ns) FILTER (WHERE layer = 'communication') AS comm_busy_ns
+    FROM busy_between('_layer_windows', '_layer_blocks') GROUP BY run_id, step_index
+), _run_thread AS (
+    SELECT run_id, any_value(pid) AS pid, any_value(tid) AS tid, min(depth) AS depth, any_value(name) AS name
+    FROM _w GROUP BY run_id
+), _host_intervals AS (
+    -- the step thread's host work below the step annotation (the annotation itself covers the step)
+    SELECT e.run_id, 0 AS lane, e.ts_ns, e.end_ns
+    FROM events e JOIN _run_thread t ON e.run_id = t.run_id AND e.pid = t.pid AND e.tid = t.tid
+    WHERE e.ph = 'X' AND e.dur_ns > 0 AND e.depth > t.depth AND NOT is_device_kind(e.kind)
+      AND e.kind NOT IN ('python_function', 'profiler_span', 'overhead')
+      AND NOT (t.name IS NOT NULL AND e.kind IN ('user_annotation', 'cpu_op')
+               AND regexp_replace(e.name, '#[0-9]+$', '') = t.name)
+), _host_blocks AS (
+    SELECT * FROM interval_union('_host_intervals')
+), _hw AS (
+    SELECT run_id, step_index, 0 AS lane, start_ns, end_ns FROM _w
+), _host AS (
+    SELECT run_id, step_index, busy_ns FROM busy_between('_hw', '_host_blocks')
+), _tested AS (
+    SELECT w.*, g.all_ns, g.kernel_ns, g.compute_busy_ns, g.comm_busy_ns, h.busy_ns AS host_busy_ns, p.phase, p.phase_reason
+    FROM _w w
+    LEFT JOIN _gpu g USING (run_id, step_index)
+    LEFT JOIN _host h USING (run_id, step_index)
+    JOIN step_phases_named(step_name) p USING (run_id, step_index)
+)
+SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns, dur_ns, phase, phase_reason,
        device,
        CAST(all_ns AS BIGINT) AS busy_ns,
        CAST(compute_busy_ns AS BIGINT) AS compute_ns,
