@@ -3,7 +3,8 @@
 --
 -- The rule, per run: `ProfilerStep#N` annotations (user_annotation or cpu_op: `torch.profiler`'s
 -- `prof.step()`) when the run has any; else the most frequent top-level user annotation that occurs
--- at least twice (ties: the name); else the whole run is one step. Steps are the occurrences of that
+-- at least twice, preferring those that enclose kernel launches (an `MPI_Send` range around host
+-- communication is no step of GPU work; ties: the name); else the whole run is one step. Steps are the occurrences of that
 -- annotation on the thread that holds most of them, one per start time (old traces hold a
 -- ProfilerStep both as a user_annotation and as a cpu_op), in time order; an occurrence that starts
 -- before the previous one ended (nested or overlapping) is not a step of its own, so steps never
@@ -44,20 +45,32 @@ CREATE OR REPLACE VIEW step_candidates(
     source,
     -- how many times it occurs (distinct start times per thread, summed over threads)
     occurrences,
+    -- launch calls of GPU work (`first_launches`) made inside its occurrences on their threads
+    launches,
     -- process of the thread that holds most occurrences
     pid,
     -- that thread (ties: the lowest pid, then tid)
     tid,
-    -- the step rule's order among the eligible names: ProfilerStep first, then by occurrences
-    -- (descending) and name; NULL for a top-level annotation that occurs once (not eligible)
+    -- the step rule's order among the eligible names: ProfilerStep first, then names that enclose
+    -- launches, then by occurrences (descending) and name; NULL for a top-level annotation that
+    -- occurs once (not eligible)
     choice
 ) AS
 WITH annotations AS (
-    SELECT run_id, pid, tid, ts_ns, regexp_replace(name, '#[0-9]+$', '') AS name,
+    SELECT run_id, pid, tid, ts_ns, end_ns, regexp_replace(name, '#[0-9]+$', '') AS name,
            name LIKE 'ProfilerStep#%' AS profiler_step
     FROM events
     WHERE dur_ns > 0
       AND ((kind IN ('user_annotation', 'cpu_op') AND name LIKE 'ProfilerStep#%') OR (kind = 'user_annotation' AND depth = 0))
+), launched AS (
+    -- top-level annotations of one thread do not overlap: the latest one starting before a launch
+    -- call is the only one that can hold it
+    SELECT a.run_id, a.name, a.profiler_step, count(*) AS launches
+    FROM (SELECT DISTINCT run_id, pid, tid, launch_ts_ns FROM first_launches) l
+    ASOF JOIN (SELECT * FROM annotations WHERE NOT profiler_step) a
+      ON a.run_id = l.run_id AND a.pid = l.pid AND a.tid = l.tid AND l.launch_ts_ns >= a.ts_ns
+    WHERE l.launch_ts_ns < a.end_ns
+    GROUP BY ALL
 ), per_thread AS (
     SELECT run_id, name, profiler_step, pid, tid, count(DISTINCT ts_ns) AS n FROM annotations GROUP BY ALL
 ), per_name AS (
@@ -66,11 +79,12 @@ WITH annotations AS (
            profiler_step OR sum(n) >= 2 AS eligible
     FROM per_thread GROUP BY run_id, name, profiler_step
 )
-SELECT run_id, name, CASE WHEN profiler_step THEN 'ProfilerStep#N' ELSE 'most frequent top-level user annotation' END,
-       CAST(occurrences AS BIGINT), pid, tid,
-       CASE WHEN eligible THEN row_number() OVER (PARTITION BY run_id, eligible
-                                                  ORDER BY profiler_step DESC, occurrences DESC, name) END
-FROM per_name;
+SELECT p.run_id, p.name, CASE WHEN p.profiler_step THEN 'ProfilerStep#N' ELSE 'most frequent top-level user annotation' END,
+       CAST(p.occurrences AS BIGINT), CAST(coalesce(l.launches, 0) AS BIGINT), p.pid, p.tid,
+       CASE WHEN p.eligible THEN row_number() OVER (PARTITION BY p.run_id, p.eligible
+                                                    ORDER BY p.profiler_step DESC, coalesce(l.launches, 0) > 0 DESC,
+                                                             p.occurrences DESC, p.name) END
+FROM per_name p LEFT JOIN launched l USING (run_id, name, profiler_step);
 
 -- The step windows of every run, delimited by the annotation `step_name` (a trailing `#N` is
 -- ignored), or by the step rule when `step_name` is NULL (that is the `step_windows` view). A run

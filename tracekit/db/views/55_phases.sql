@@ -132,9 +132,9 @@ WITH _median_launch AS (
     GROUP BY l.run_id, l.runtime_event_id
 ), _cold_launches AS (
     SELECT l.run_id, l.runtime_event_id, 'warm-up', 'first launch', l.name, l.pid, l.tid, l.ts_ns, l.end_ns,
-           printf('first launch of %s%s: %s call, %.0fx the median launch call (%.1f us)', l.kernel,
+           printf('first launch of %s%s: %s call %s, %.0fx the median launch call (%.1f us)', l.kernel,
                   CASE WHEN l.kernels > 1 THEN printf(' and %d more kernels', l.kernels - 1) ELSE '' END,
-                  phase_duration_text(l.dur_ns), l.dur_ns / m.median_ns, m.median_ns / 1e3)
+                  l.name, phase_duration_text(l.dur_ns), l.dur_ns / m.median_ns, m.median_ns / 1e3)
     FROM _first_launches l JOIN _median_launch m USING (run_id)
     WHERE l.dur_ns > phase_cold_call_factor() * m.median_ns
       AND l.runtime_event_id NOT IN (SELECT event_id FROM _cold_calls)
