@@ -119,8 +119,7 @@ def _finding(con, ctx, run) -> Finding:
         observed=Quantity(
             left,
             "ns",
-            f"left out of the main device's active window: {phases}; steady time in it "
-            f"{duration(r.active_steady_ns)}",
+            f"left out of the main device's active window: {phases}; steady time in it {duration(r.active_steady_ns)}",
         ),
         expected=Quantity(
             0, "ns", "a profile of the steady state: repeated iterations after start-up, replays after capture"

@@ -68,27 +68,35 @@ WHERE r.steady_ns > 0
 """
 
 # The run's repeated blocking call sites (thread, call, issuing op or frame) over the thresholds.
-SITES_SQL = """
+SITES_SQL = (
+    """
 SELECT pid, tid, call, site, any_value(blocking) AS blocking, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns, arg_max(event_id, dur_ns) AS worst_event_id,
        list(event_id ORDER BY charged_idle_ns DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
        median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
-FROM (""" + STEADY_CALLS_SQL + """) steady_calls
+FROM ("""
+    + STEADY_CALLS_SQL
+    + """) steady_calls
 GROUP BY pid, tid, call, site
 HAVING count(*) >= $min_calls AND sum(charged_idle_ns) >= $min_share * $window
 ORDER BY sum(charged_idle_ns) DESC, site, call
 """
+)
 
 # The evidence query: the GPU idle charged to one site, its calls and the time they blocked the host.
-SITE_SQL = """
+SITE_SQL = (
+    """
 SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS host_blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns
-FROM (""" + STEADY_CALLS_SQL + """) steady_calls
+FROM ("""
+    + STEADY_CALLS_SQL
+    + """) steady_calls
 WHERE pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
   AND site = $site
 """
+)
 
 
 @rule(

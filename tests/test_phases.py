@@ -26,7 +26,8 @@ def reported(con, code, **params):
 
 
 @pytest.mark.parametrize(
-    "path", [corpus(ALEXNET), corpus(RESNET_COLD), sample("cudagraph_capture.json.gz"), sample("cold_first_iteration.json.gz")]
+    "path",
+    [corpus(ALEXNET), corpus(RESNET_COLD), sample("cudagraph_capture.json.gz"), sample("cold_first_iteration.json.gz")],
 )
 def test_run_phases_tile_every_run_window(loaded, path):
     con = loaded(path)
@@ -114,10 +115,14 @@ def test_capture_region_is_left_out(loaded):
     # the steady replays, not the first replay, make the window
     assert g001.window_ns < 0.2 * (g001.locality["window_ns"][1] - g001.locality["window_ns"][0])
     # the capture's side stream runs only inside capture and warm-up: no steady time to measure there
-    [side] = rows(con, """
+    [side] = rows(
+        con,
+        """
         WITH w AS (SELECT run_id, stream, min(ts_ns) AS start_ns, max(end_ns) AS end_ns FROM gpu_activities
                    WHERE stream <> ? GROUP BY ALL)
-        SELECT * FROM steady_between('w')""", [g001.locality["stream"]])
+        SELECT * FROM steady_between('w')""",
+        [g001.locality["stream"]],
+    )
     assert side["steady_ns"] == 0 and side["left_out_ns"] > 0
 
 
