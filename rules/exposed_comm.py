@@ -37,6 +37,10 @@ collective on a side stream (`async_op=True`) and wait for it just before its re
 - `critical_share` (0.2): severity critical when the exposed comm is at least this share of the run
   window; a device reported by `min_exposed_share` is a warning, one reported only for its overlap
   % an info.
+- `all_phases` (False): measure every phase of the run. By default a communication kernel mostly
+  inside a warm-up, capture or profiler window (`run_phases`) is not counted, and shares are of the
+  run's steady time; the finding lists the windows in `extra.left_out`, and a run with no steady
+  state at all is left to P001 cold-profile.
 """
 
 from __future__ import annotations

@@ -51,6 +51,10 @@ busiest stream over the thresholds, and the others are listed in `evidence.detai
 - `critical_share` (0.5): severity critical when the exposed idle time is at least this share of
   the stream's active window.
 - `warning_share` (0.3): severity warning from this share on; below it, info.
+- `all_phases` (False): measure every phase of the run. By default warm-up, CUDA-graph capture and
+  profiler windows (`run_phases`) are left out of both the idle time and the active window; the
+  finding lists them in `extra.left_out`, with a caveat, and a run with no steady state at all is
+  left to P001 cold-profile.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ and `non_blocking=True`, and read it one step late.
 - `critical_share` (0.1): severity critical when a site's cost is at least this share of the run's
   window.
 - `warning_share` (0.02): severity warning from this share on; below it, info.
+- `all_phases` (False): measure every phase of the run. By default a call that returns in a warm-up,
+  CUDA-graph capture or profiler window (`run_phases`) is dropped, idle inside such a window is not
+  charged, and shares are of the run's steady time; the finding lists the windows in
+  `extra.left_out`, and a run with no steady state at all is left to P001 cold-profile.
 """
 
 from __future__ import annotations
@@ -48,55 +52,28 @@ from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _phases
 from tracekit.units import duration
 
-# The blocking calls of run $run_id in its steady state (unless $all_phases): a call that returns in
-# a warm-up, capture or profiler window (`run_phases`) is left out, and a call is charged only the
-# steady part of the idle after its return.
-STEADY_CALLS_SQL = """
-WITH calls AS (
-    SELECT * FROM host_blocking_exempting($small_htod_bytes) WHERE run_id = $run_id
-), charged AS (
-    SELECT run_id, event_id, end_ns AS start_ns, CASE WHEN charged_idle_ns > 0 THEN gap_end_ns ELSE end_ns END AS end_ns
-    FROM calls
-), returned AS (
-    SELECT run_id, event_id, end_ns AS start_ns, end_ns + 1 AS end_ns FROM calls
-)
-SELECT c.* REPLACE (CASE WHEN c.charged_idle_ns > 0 THEN s.steady_ns ELSE 0 END AS charged_idle_ns)
-FROM calls c
-JOIN steady_between('charged', all_phases := $all_phases) s USING (event_id)
-JOIN steady_between('returned', all_phases := $all_phases) r USING (event_id)
-WHERE r.steady_ns > 0
-"""
-
 # The run's repeated blocking call sites (thread, call, issuing op or frame) over the thresholds.
-SITES_SQL = (
-    """
+SITES_SQL = """
 SELECT pid, tid, call, site, any_value(blocking) AS blocking, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns, arg_max(event_id, dur_ns) AS worst_event_id,
        list(event_id ORDER BY charged_idle_ns DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
        median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
-FROM ("""
-    + STEADY_CALLS_SQL
-    + """) steady_calls
+FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases) WHERE run_id = $run_id
 GROUP BY pid, tid, call, site
 HAVING count(*) >= $min_calls AND sum(charged_idle_ns) >= $min_share * $window
 ORDER BY sum(charged_idle_ns) DESC, site, call
 """
-)
 
 # The evidence query: the GPU idle charged to one site, its calls and the time they blocked the host.
-SITE_SQL = (
-    """
+SITE_SQL = """
 SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS host_blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns
-FROM ("""
-    + STEADY_CALLS_SQL
-    + """) steady_calls
-WHERE pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
+FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases)
+WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
   AND site = $site
 """
-)
 
 
 @rule(
