@@ -83,6 +83,11 @@ def left_out(con, ctx, run_id: int, start_ns: int, end_ns: int, params) -> list[
     return sorted(out, key=lambda w: (-w["dur_ns"], w["start_ns"]))
 
 
+def run_left_out(con, ctx, run, params) -> list[dict]:
+    """Every left-out window of the run: what a rule measuring shares of the run's steady time left out."""
+    return left_out(con, ctx, run.run_id, run.start_ns or 0, run.end_ns or 0, params)
+
+
 def listed(windows: list[dict]) -> list[dict]:
     """What a finding's `extra.left_out` holds: the longest windows."""
     return windows[:LISTED_WINDOWS]

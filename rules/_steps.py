@@ -2,7 +2,8 @@
 graphed-step-idle measure, and the finding shape they share.
 
 Steps are the `step_windows` view's (one annotation on one thread, never overlapping, else the whole
-run), measured on every device with GPU work: busy time by `gpu_busy_between`, idle in short gaps as
+run) cut to their steady pieces (`steady_pieces`: warm-up, capture and profiler steps and windows
+are not measured), on every device with GPU work: busy time by `gpu_busy_between`, idle in short gaps as
 busy time of the union of the device's short `gpu_busy` gaps, launches from `first_launches`. A
 run's steps on one device form a group.
 """
@@ -319,7 +320,7 @@ def _group(con, ctx, run, params, g, idle, run_graphs, window) -> Group:
         signatures=ops[0].signatures if ops else 0,
         step_signatures=ops[0].step_signatures if ops else 0,
         window_ns=window,
-        left_out=_phases.left_out(con, ctx, run.run_id, g.first_ns, g.last_ns, params),
+        left_out=_phases.run_left_out(con, ctx, run, params),
     )
 
 
@@ -333,7 +334,7 @@ def _caveats(group: Group, params) -> tuple[list[str], float]:
         )
     if g.step == WHOLE_RUN:
         caveats.append("no step annotations: the whole run window counts as one step, its tail included")
-    note = _phases.caveat(group.left_out, "the steps")
+    note = _phases.caveat(group.left_out, "the steps and the run window")
     if note:
         caveats.append(note)
     if group.launches and g.shorter / group.launches < params["min_short_share"]:

@@ -21,9 +21,11 @@ When most of the exposed time is waiting for another rank, the fix is on the lat
 overhead, load imbalance), not in NCCL.
 
 ## Example
-Rank 0 of a 2-GPU tensor-parallel run: 72 `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` kernels on
-stream 7, the compute stream, take 93% of the window with 0% overlap; matched against rank 1, 99.8% of
-that is rank 0 waiting for rank 1 to launch the same all-reduce (median start skew 0.35 ms).
+Rank 0 of a 2-GPU tensor-parallel run: 56 `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` kernels on
+stream 7, the compute stream, are exposed for 34% of the run's steady time with 0% overlap (the first
+step, in which the first all-reduce waits 470 ms for rank 1 to start, is warm-up and left out);
+matched against rank 1, 98.5% of that is rank 0 waiting for rank 1 to launch the same all-reduce
+(median start skew 0.35 ms).
 
 Use instead: make the late rank launch sooner (CUDA graphs, less host work per step), or issue the
 collective on a side stream (`async_op=True`) and wait for it just before its result is needed.
@@ -229,9 +231,7 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
         title += f"; {100 * wait_share:.1f}% of it waiting for rank {late_rank}"
     op = launcher["op"]
     launch = {k: launcher[k] for k in ("call", "annotation", "collective") if launcher[k]}
-    left_out = _phases.left_out(
-        con, ctx, run.run_id, min(k.start_ns for k in kernels), max(k.end_ns for k in kernels), params
-    )
+    left_out = _phases.run_left_out(con, ctx, run, params)
     note = _phases.caveat(left_out, "the communication kernels and the run window")
     extra = {
         "left_out_ns": sum(w["dur_ns"] for w in left_out),

@@ -22,6 +22,11 @@ whose launches ended the host gaps. A stream is reported when its exposed idle t
 `min_idle_share` of its active window and at least `min_idle_ns`, so a communication side stream
 that idles while compute runs elsewhere on the device is not reported.
 
+Only the steady state counts (`run_phases`): warm-up (lazy initialisation, first launches, cuDNN
+algorithm search, warm-up steps), CUDA-graph capture and profiler windows are cut out of both the
+gaps and the active window, and listed in `extra.left_out` with why; a run that is all start-up gets
+P001 cold-profile instead.
+
 ## Why it matters
 Idle GPU time is time the accelerator is paid for and unused. When the gaps are host-caused and
 short, the host spends longer issuing each kernel (Python, dispatcher, launch) than the GPU spends

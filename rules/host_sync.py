@@ -111,7 +111,7 @@ def check(con, params, ctx):
             },
         )
         for site in sites:
-            left_out = _phases.left_out(con, ctx, run.run_id, site.first_ns, site.last_ns, params)
+            left_out = _phases.run_left_out(con, ctx, run, params)
             yield _finding(ctx, run, params, site, window, left_out)
 
 
