@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from tracekit.engine.toolkit import rows
+from tracekit.rules import _phases
 
 # Per communication kernel of one (run, device): its overlap with the union of what can hide it
 # (the device's compute kernels, as the `compute` layer of gpu_busy_layers has them; memcpy/memset
@@ -83,10 +84,11 @@ ORDER BY depth DESC, event_id
 GROUP_KEYS = ("collective", "process_group", "dtype", "in_nelems", "out_nelems", "group_size")
 
 
-def per_kernel(con, sql_params: dict) -> list:
+def per_kernel(con, ctx, sql_params: dict) -> list:
     """The comm kernels of one (run, device) with their overlapped and exposed time: the rows the
     evidence SQL aggregates, so the finding's numbers equal the evidence exactly."""
-    return rows(con, f"SELECT * FROM ({PER_KERNEL_SQL}) ORDER BY start_ns, event_id", sql_params)
+    sql = _phases.in_rule(con, ctx, PER_KERNEL_SQL)
+    return rows(con, f"SELECT * FROM ({sql}) ORDER BY start_ns, event_id", sql_params)
 
 
 @dataclass

@@ -14,6 +14,7 @@ the stream's active window (active_ns, its steady time between first_ns and last
 from __future__ import annotations
 
 from tracekit.engine.toolkit import rows
+from tracekit.rules import _phases
 
 CAUSES = ("host", "other_gpu", "kernel_wait", "other")
 
@@ -37,7 +38,10 @@ WITH on_stream AS (
 ), gaps AS (
     SELECT *, end_ns - start_ns AS gap_ns FROM steady_pieces('whole_gaps', all_phases := $all_phases)
 ), active AS (
-    SELECT DISTINCT run_id, device, stream, stream_first_ns AS start_ns, stream_last_ns AS end_ns FROM on_stream
+    -- read off the activities, not on_stream: a second reader of on_stream makes DuckDB materialize it,
+    -- and the busy lookups over its gaps then join every gap with every other
+    SELECT run_id, device, stream, min(ts_ns) AS start_ns, max(end_ns) AS end_ns
+    FROM gpu_activities WHERE run_id = coalesce($run_id, run_id) GROUP BY ALL
 ), active_steady AS (
     SELECT run_id, device, stream, steady_ns AS active_ns FROM steady_between('active', all_phases := $all_phases)
 ), ended AS (
@@ -110,10 +114,10 @@ HOST_SITES_SQL = (
 )
 
 
-def build_gap_table(con, params) -> None:
+def build_gap_table(con, ctx, params) -> None:
     """The gaps of every run, which the queries below read."""
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {GAPS_SQL}",
+        f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {_phases.in_rule(con, ctx, GAPS_SQL)}",
         {"run_id": None, "kernel_wait_ns": params["kernel_wait_ns"], "all_phases": params["all_phases"]},
     )
 

@@ -33,18 +33,32 @@ class RunSplit:
     left_out: list = field(default_factory=list)
 
 
+# The rules' own queries read `run_phases` from this table, computed once per analysis (a Context);
+# their evidence SQL reads the view, so it stays self-contained.
+PHASES_TABLE = "_run_phases"
+
 _SPLITS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def in_rule(con, ctx, sql: str) -> str:
+    """`sql` (which calls the phase macros with `all_phases := $all_phases`) reading the phases of this
+    analysis from its table rather than evaluating the view again."""
+    _splits(con, ctx)
+    return sql.replace("all_phases := $all_phases)", f"all_phases := $all_phases, phases := '{PHASES_TABLE}')")
 
 
 def _splits(con, ctx) -> dict[int, RunSplit]:
     if ctx not in _SPLITS:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {PHASES_TABLE} AS SELECT * FROM run_phases")
         out = {
             r.run_id: RunSplit(int(r.window_ns or 0), int(r.steady_ns or 0), bool(r.all_cold))
-            for r in rows(con, "SELECT run_id, window_ns, steady_ns, all_cold FROM run_steady")
+            for r in rows(
+                con, f"SELECT run_id, window_ns, steady_ns, all_cold FROM run_steady_of(phases := '{PHASES_TABLE}')"
+            )
         }
         for w in rows(
             con,
-            "SELECT run_id, phase, start_ns, end_ns, dur_ns, windows, reason FROM run_phases "
+            f"SELECT run_id, phase, start_ns, end_ns, dur_ns, windows, reason FROM {PHASES_TABLE} "
             "WHERE phase <> 'steady' ORDER BY run_id, start_ns",
         ):
             if w.run_id in out:

@@ -265,7 +265,7 @@ def _measured_groups(con, ctx, run, params) -> list:
     taken = _MEASURED.setdefault(ctx, {})
     key = tuple(every_run.items())
     if key not in taken:
-        taken[key] = rows(con, GROUPS_SQL, every_run)
+        taken[key] = rows(con, _phases.in_rule(con, ctx, GROUPS_SQL), every_run)
     return [g for g in taken[key] if g.run_id == run.run_id]
 
 

@@ -97,7 +97,7 @@ def check(con, params, ctx):
             "memcpy_is_compute": bool(params["memcpy_is_compute"]),
             "all_phases": params["all_phases"],
         }
-        kernels = _collectives.per_kernel(con, sql_params)
+        kernels = _collectives.per_kernel(con, ctx, sql_params)
         comm = sum(k.dur_ns for k in kernels)
         if not comm:
             continue

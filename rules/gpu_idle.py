@@ -93,7 +93,7 @@ _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
 def check(con, params, ctx):
-    _idle_gaps.build_gap_table(con, params)
+    _idle_gaps.build_gap_table(con, ctx, params)
     for run in ctx.runs:
         if run.window_ns <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue

@@ -100,7 +100,7 @@ def check(con, params, ctx):
             continue
         sites = rows(
             con,
-            SITES_SQL,
+            _phases.in_rule(con, ctx, SITES_SQL),
             {
                 "run_id": run.run_id,
                 "small_htod_bytes": params["small_htod_bytes"],

@@ -100,11 +100,12 @@ CREATE OR REPLACE VIEW phase_evidence(
 WITH _median_launch AS (
     SELECT run_id, median(dur_ns) AS median_ns FROM runtime_calls
     WHERE regexp_matches(name, '^(cuda|cu|hip|hipExt)(Module)?LaunchKernel') GROUP BY run_id
-), _calls AS (
+), _first_calls AS (
+    SELECT run_id, pid, arg_min(event_id, (ts_ns, event_id)) AS event_id FROM runtime_calls GROUP BY run_id, pid
+), _long AS (
+    -- aggregates, not window functions, over the calls: only the few long ones are looked at closer
     SELECT r.run_id, r.event_id, r.name, r.pid, r.tid, r.ts_ns, r.end_ns, r.dur_ns, m.median_ns,
-           row_number() OVER (PARTITION BY r.run_id, r.pid ORDER BY r.ts_ns, r.event_id) = 1 AS first_of_process,
-           count(*) OVER (PARTITION BY r.run_id, r.name) AS name_calls,
-           median(r.dur_ns) OVER (PARTITION BY r.run_id, r.name) AS name_median_ns,
+           r.event_id IN (SELECT event_id FROM _first_calls) AS first_of_process,
            CASE WHEN regexp_matches(r.name, '^(cuda|hip)(Malloc|MallocHost|MallocAsync|MallocManaged|HostAlloc|Free|FreeHost|FreeAsync)$'
                                             || '|^cuMem(Alloc|Free|HostAlloc|AllocHost)') THEN 'allocation'
                 WHEN regexp_matches(r.name, '^(cuModuleLoad|cuLibraryLoad|cuModuleGetFunction|cuLibraryGetKernel|cuCtxCreate'
@@ -114,22 +115,28 @@ WITH _median_launch AS (
                                             || '|rocblas_create)') THEN 'lazy init'
            END AS cold_kind
     FROM runtime_calls r JOIN _median_launch m USING (run_id)
+    WHERE r.dur_ns > phase_cold_call_factor() * m.median_ns
+), _name_stats AS (
+    SELECT run_id, name, count(*) AS name_calls, median(dur_ns) AS name_median_ns FROM runtime_calls
+    WHERE name IN (SELECT name FROM _long WHERE cold_kind IS NOT NULL) GROUP BY run_id, name
 ), _cold_calls AS (
-    SELECT run_id, event_id, 'warm-up' AS phase, CASE WHEN first_of_process THEN 'context creation' ELSE cold_kind END
-               AS evidence, name, pid, tid, ts_ns, end_ns,
-           printf('%s call %s, %.0fx the median launch call (%.1f us)', name, phase_duration_text(dur_ns),
-                  dur_ns / median_ns, median_ns / 1e3) AS detail
-    FROM _calls
-    WHERE dur_ns > phase_cold_call_factor() * median_ns
-      AND (first_of_process
-           OR (cold_kind IS NOT NULL AND (name_calls < 3 OR dur_ns > phase_cold_call_factor() * name_median_ns)))
+    SELECT l.run_id, l.event_id, 'warm-up' AS phase,
+           CASE WHEN l.first_of_process THEN 'context creation' ELSE l.cold_kind END AS evidence, l.name, l.pid, l.tid,
+           l.ts_ns, l.end_ns,
+           printf('%s call %s, %.0fx the median launch call (%.1f us)', l.name, phase_duration_text(l.dur_ns),
+                  l.dur_ns / l.median_ns, l.median_ns / 1e3) AS detail
+    FROM _long l LEFT JOIN _name_stats n USING (run_id, name)
+    WHERE l.first_of_process
+       OR (l.cold_kind IS NOT NULL AND (n.name_calls < 3 OR l.dur_ns > phase_cold_call_factor() * n.name_median_ns))
+), _first_of_kernel AS (
+    SELECT run_id, gpu_name, arg_min(runtime_event_id, (launch_ts_ns, runtime_event_id)) AS runtime_event_id
+    FROM launches WHERE gpu_kind = 'kernel' GROUP BY run_id, gpu_name
 ), _first_launches AS (
-    SELECT l.run_id, l.runtime_event_id, any_value(l.runtime_name) AS name, any_value(l.pid) AS pid,
-           any_value(l.tid) AS tid, any_value(l.launch_ts_ns) AS ts_ns, any_value(l.launch_end_ns) AS end_ns,
-           any_value(l.launch_dur_ns) AS dur_ns, min(l.gpu_name) AS kernel, count(*) AS kernels
-    FROM (SELECT * FROM first_launches WHERE gpu_kind = 'kernel'
-          QUALIFY row_number() OVER (PARTITION BY run_id, gpu_name ORDER BY launch_ts_ns, runtime_event_id) = 1) l
-    GROUP BY l.run_id, l.runtime_event_id
+    SELECT r.run_id, r.event_id AS runtime_event_id, any_value(r.name) AS name, any_value(r.pid) AS pid,
+           any_value(r.tid) AS tid, any_value(r.ts_ns) AS ts_ns, any_value(r.end_ns) AS end_ns,
+           any_value(r.dur_ns) AS dur_ns, min(k.gpu_name) AS kernel, count(*) AS kernels
+    FROM _first_of_kernel k JOIN runtime_calls r ON r.event_id = k.runtime_event_id
+    GROUP BY r.run_id, r.event_id
 ), _cold_launches AS (
     SELECT l.run_id, l.runtime_event_id, 'warm-up', 'first launch', l.name, l.pid, l.tid, l.ts_ns, l.end_ns,
            printf('first launch of %s%s: %s call %s, %.0fx the median launch call (%.1f us)', l.kernel,
@@ -327,42 +334,90 @@ GROUP BY m.run_id, m.rank, m.start_ns, m.end_ns
 ORDER BY m.run_id, m.start_ns;
 
 -- Steady and left-out time inside each of a set of windows, without a range join. `windows` names a
--- relation with run_id, start_ns, end_ns (any other columns pass through, none may be named `lane`).
+-- relation with run_id, start_ns, end_ns (any other columns pass through).
 -- Returns every window row with `left_out_ns` (time in `run_phases` that is not steady) and
--- `steady_ns` (the rest) added; with `all_phases` true nothing is left out.
+-- `steady_ns` (the rest) added; with `all_phases` true nothing is left out. `phases` names the
+-- relation the phases are read from: `run_phases`, or a table holding its rows (rules compute the
+-- view once per analysis).
 --
--- Cost: two ASOF joins of the windows against the left-out pieces of `run_phases`.
-CREATE OR REPLACE MACRO steady_between(windows, all_phases := false) AS TABLE
-WITH _phase_windows AS (
-    SELECT *, 0 AS lane FROM query_table(windows)
+-- Cost: two ASOF joins of the windows against the left-out pieces of `run_phases`, and `run_phases`
+-- itself unless `phases` names a table of it.
+CREATE OR REPLACE MACRO steady_between(windows, all_phases := false, phases := 'run_phases') AS TABLE
+-- busy_between's two ASOF lookups against the left-out pieces, with columns of their own so that the
+-- windows may carry any columns (a `lane` too)
+WITH _steady_windows AS MATERIALIZED (
+    SELECT *, row_number() OVER () AS _steady_window FROM query_table(windows)
 ), _left_out AS (
-    SELECT run_id, 0 AS lane, start_ns, end_ns,
+    SELECT run_id AS _lo_run, start_ns AS _lo_start, end_ns AS _lo_end,
            coalesce(sum(dur_ns) OVER (PARTITION BY run_id ORDER BY start_ns
-                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS busy_before_ns
-    FROM run_phases WHERE phase <> 'steady' AND NOT all_phases
+                                      ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS _lo_before
+    FROM query_table(phases) WHERE phase <> 'steady' AND NOT all_phases
+), _lo_at_start AS (
+    SELECT w._steady_window, coalesce(b._lo_before + least(w.start_ns, b._lo_end) - b._lo_start, 0) AS left_out
+    FROM _steady_windows w ASOF LEFT JOIN _left_out b ON w.run_id = b._lo_run AND w.start_ns >= b._lo_start
+), _lo_at_end AS (
+    SELECT w._steady_window, coalesce(b._lo_before + least(w.end_ns, b._lo_end) - b._lo_start, 0) AS left_out
+    FROM _steady_windows w ASOF LEFT JOIN _left_out b ON w.run_id = b._lo_run AND w.end_ns >= b._lo_start
 )
-SELECT * EXCLUDE (lane, busy_ns), busy_ns AS left_out_ns, end_ns - start_ns - busy_ns AS steady_ns
-FROM busy_between('_phase_windows', '_left_out');
+SELECT w.* EXCLUDE (_steady_window), CAST(e.left_out - s.left_out AS BIGINT) AS left_out_ns,
+       CAST(w.end_ns - w.start_ns - (e.left_out - s.left_out) AS BIGINT) AS steady_ns
+FROM _steady_windows w JOIN _lo_at_start s USING (_steady_window) JOIN _lo_at_end e USING (_steady_window)
+ORDER BY w._steady_window;
 
 -- The steady parts of each of a set of windows: a window inside steady time comes back as it is,
 -- one that overlaps left-out time (`run_phases`) as one row per steady piece of it, with start_ns and
--- end_ns clipped to that piece, and one wholly left out not at all. `windows` as in
--- `steady_between`; with `all_phases` true every window comes back whole.
+-- end_ns clipped to that piece, and one wholly left out not at all. `windows`, `all_phases` and
+-- `phases` as in `steady_between`; with `all_phases` true every window comes back whole.
 --
 -- Cost: `steady_between`, and a range join with the steady pieces for the few windows that overlap
 -- left-out time.
-CREATE OR REPLACE MACRO steady_pieces(windows, all_phases := false) AS TABLE
-WITH _split AS (
-    SELECT * FROM steady_between(windows, all_phases := all_phases)
+CREATE OR REPLACE MACRO steady_pieces(windows, all_phases := false, phases := 'run_phases') AS TABLE
+WITH _split AS MATERIALIZED (
+    SELECT * FROM steady_between(windows, all_phases := all_phases, phases := phases)
+), _cut AS MATERIALIZED (
+    -- the few windows that overlap left-out time, joined alone with the steady pieces
+    SELECT * FROM _split WHERE left_out_ns > 0 AND steady_ns > 0
 ), _steady AS (
-    SELECT run_id AS _piece_run, start_ns AS _piece_start, end_ns AS _piece_end FROM run_phases WHERE phase = 'steady'
+    SELECT run_id AS _piece_run, start_ns AS _piece_start, end_ns AS _piece_end FROM query_table(phases)
+    WHERE phase = 'steady' AND run_id IN (SELECT run_id FROM _cut)
 )
 SELECT * EXCLUDE (left_out_ns, steady_ns) FROM _split WHERE left_out_ns = 0
 UNION ALL BY NAME
 SELECT * EXCLUDE (start_ns, end_ns, left_out_ns, steady_ns, _piece_run, _piece_start, _piece_end),
        greatest(start_ns, _piece_start) AS start_ns, least(end_ns, _piece_end) AS end_ns
-FROM _split JOIN _steady ON _piece_run = run_id AND _piece_start < end_ns AND _piece_end > start_ns
-WHERE left_out_ns > 0 AND steady_ns > 0;
+FROM _cut JOIN _steady ON _piece_run = run_id AND _piece_start < end_ns AND _piece_end > start_ns;
+
+-- The rows of `run_steady`, with the phases read from the relation `phases` (as in
+-- `steady_between`). Same columns as `run_steady`.
+--
+-- Cost: `gpu_busy_between` over the steps, `step_phases`, and `run_phases` unless `phases` names a
+-- table of it.
+CREATE OR REPLACE MACRO run_steady_of(phases := 'run_phases') AS TABLE
+WITH _active AS (
+    SELECT g.run_id, min(g.start_ns) AS start_ns, max(g.end_ns) AS end_ns
+    FROM gpu_busy g JOIN main_device m ON m.run_id = g.run_id AND m.device = g.device GROUP BY g.run_id
+), _active_split AS (
+    SELECT * FROM steady_between('_active', phases := phases)
+), _by_phase AS (
+    SELECT run_id, sum(dur_ns) FILTER (WHERE phase = 'steady') AS steady_ns,
+           coalesce(sum(dur_ns) FILTER (WHERE phase = 'warm-up'), 0) AS warm_up_ns,
+           coalesce(sum(dur_ns) FILTER (WHERE phase = 'capture'), 0) AS capture_ns,
+           coalesce(sum(dur_ns) FILTER (WHERE phase = 'profiler'), 0) AS profiler_ns
+    FROM query_table(phases) GROUP BY run_id
+), _step_gpu AS (
+    SELECT w.run_id, w.step_index, w.start_ns, w.end_ns, m.device FROM step_windows w JOIN main_device m USING (run_id)
+    WHERE m.device IS NOT NULL
+), _steps AS (
+    SELECT b.run_id, count(*) AS steps, count(*) FILTER (WHERE p.phase = 'steady' AND b.busy_ns > 0) AS steady_gpu_steps
+    FROM gpu_busy_between('_step_gpu', 'all') b JOIN step_phases p USING (run_id, step_index) GROUP BY b.run_id
+)
+SELECT r.run_id, r.end_ns - r.start_ns AS window_ns, CAST(coalesce(p.steady_ns, 0) AS BIGINT) AS steady_ns,
+       CAST(coalesce(p.warm_up_ns, 0) AS BIGINT) AS warm_up_ns, CAST(coalesce(p.capture_ns, 0) AS BIGINT) AS capture_ns,
+       CAST(coalesce(p.profiler_ns, 0) AS BIGINT) AS profiler_ns, a.end_ns - a.start_ns AS active_ns,
+       a.steady_ns AS active_steady_ns, coalesce(s.steps, 0) AS steps, coalesce(s.steady_gpu_steps, 0) AS steady_gpu_steps,
+       coalesce(a.left_out_ns >= phase_min_left_out_share() * (a.end_ns - a.start_ns) AND coalesce(s.steady_gpu_steps, 0) < 2,
+                false) AS all_cold
+FROM runs r LEFT JOIN _by_phase p USING (run_id) LEFT JOIN _active_split a USING (run_id) LEFT JOIN _steps s USING (run_id);
 
 -- One row per run: how much of it is steady state, what was left out by phase, and whether a steady
 -- state worth analysing is there at all (see `phase_min_left_out_share()`).
@@ -392,27 +447,6 @@ CREATE OR REPLACE VIEW run_steady(
     -- out and fewer than two steady steps with GPU work
     all_cold
 ) AS
-WITH _active AS (
-    SELECT g.run_id, min(g.start_ns) AS start_ns, max(g.end_ns) AS end_ns
-    FROM gpu_busy g JOIN main_device m ON m.run_id = g.run_id AND m.device = g.device GROUP BY g.run_id
-), _active_split AS (
-    SELECT * FROM steady_between('_active')
-), _by_phase AS (
-    SELECT run_id, sum(dur_ns) FILTER (WHERE phase = 'steady') AS steady_ns,
-           coalesce(sum(dur_ns) FILTER (WHERE phase = 'warm-up'), 0) AS warm_up_ns,
-           coalesce(sum(dur_ns) FILTER (WHERE phase = 'capture'), 0) AS capture_ns,
-           coalesce(sum(dur_ns) FILTER (WHERE phase = 'profiler'), 0) AS profiler_ns
-    FROM run_phases GROUP BY run_id
-), _step_gpu AS (
-    SELECT w.run_id, w.step_index, w.start_ns, w.end_ns, m.device FROM step_windows w JOIN main_device m USING (run_id)
-    WHERE m.device IS NOT NULL
-), _steps AS (
-    SELECT b.run_id, count(*) AS steps, count(*) FILTER (WHERE p.phase = 'steady' AND b.busy_ns > 0) AS steady_gpu_steps
-    FROM gpu_busy_between('_step_gpu', 'all') b JOIN step_phases p USING (run_id, step_index) GROUP BY b.run_id
-)
-SELECT r.run_id, r.end_ns - r.start_ns, CAST(coalesce(p.steady_ns, 0) AS BIGINT), CAST(coalesce(p.warm_up_ns, 0) AS BIGINT),
-       CAST(coalesce(p.capture_ns, 0) AS BIGINT), CAST(coalesce(p.profiler_ns, 0) AS BIGINT),
-       a.end_ns - a.start_ns, a.steady_ns, coalesce(s.steps, 0), coalesce(s.steady_gpu_steps, 0),
-       coalesce(a.left_out_ns >= phase_min_left_out_share() * (a.end_ns - a.start_ns) AND coalesce(s.steady_gpu_steps, 0) < 2,
-                false)
-FROM runs r LEFT JOIN _by_phase p USING (run_id) LEFT JOIN _active_split a USING (run_id) LEFT JOIN _steps s USING (run_id);
+SELECT run_id, window_ns, steady_ns, warm_up_ns, capture_ns, profiler_ns, active_ns, active_steady_ns, steps,
+       steady_gpu_steps, all_cold
+FROM run_steady_of();
