@@ -23,7 +23,8 @@ do not run, so the GPU looks idle while the host records the graph.
 `corpus/hta__critical_path__alexnet__benchmark_result_2869224_1695835535_trace.json.gz`: one
 AlexNet forward labelled `warmup` by its benchmark harness; 12.8 of the GPU's 12.9 s active window is
 warm-up (a 10.0 s idle gap inside a 6.0 s `cudaFree` and a 3.1 s first `cudaLaunchKernel`, a 0.8 s
-`cudaStreamCreateWithFlags`, 1.3 s of `cudaMalloc`). G001 used to call it 99% host-caused idle.
+`cudaStreamCreateWithFlags`, 1.9 s of idle inside `cudaMalloc` calls). G001 with `all_phases` calls
+the same window 99% host-caused idle.
 
 ## Options
 None: the thresholds are the documented SQL macros `phase_min_left_out_share()`,
