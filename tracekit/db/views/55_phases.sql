@@ -372,26 +372,28 @@ ORDER BY w._steady_window;
 -- Cost: `steady_between`, and a range join with the steady pieces for the few windows that overlap
 -- left-out time.
 CREATE OR REPLACE MACRO steady_pieces(windows, all_phases := false, phases := 'run_phases') AS TABLE
-WITH _split AS MATERIALIZED (
+WITH _split AS (
     SELECT * FROM steady_between(windows, all_phases := all_phases, phases := phases)
-), _cut AS MATERIALIZED (
-    -- the few windows that overlap left-out time, joined alone with the steady pieces
-    SELECT * FROM _split WHERE left_out_ns > 0 AND steady_ns > 0
 ), _steady AS (
+    -- the steady pieces of the runs that have left-out time: the only ones a window can be cut by
     SELECT run_id AS _piece_run, start_ns AS _piece_start, end_ns AS _piece_end FROM query_table(phases)
-    WHERE phase = 'steady' AND run_id IN (SELECT run_id FROM _cut)
+    WHERE phase = 'steady' AND NOT all_phases
+      AND run_id IN (SELECT run_id FROM query_table(phases) WHERE phase <> 'steady')
 )
-SELECT * EXCLUDE (left_out_ns, steady_ns) FROM _split WHERE left_out_ns = 0
-UNION ALL BY NAME
+-- one relation, not a union of the whole and the cut windows: busy lookups over a union's rows
+-- (gpu_busy_between) are planned as a join of every window with every other
 SELECT * EXCLUDE (start_ns, end_ns, left_out_ns, steady_ns, _piece_run, _piece_start, _piece_end),
-       greatest(start_ns, _piece_start) AS start_ns, least(end_ns, _piece_end) AS end_ns
-FROM _cut JOIN _steady ON _piece_run = run_id AND _piece_start < end_ns AND _piece_end > start_ns;
+       CASE WHEN _piece_run IS NULL THEN start_ns ELSE greatest(start_ns, _piece_start) END AS start_ns,
+       CASE WHEN _piece_run IS NULL THEN end_ns ELSE least(end_ns, _piece_end) END AS end_ns
+FROM _split LEFT JOIN _steady
+  ON left_out_ns > 0 AND _piece_run = run_id AND _piece_start < end_ns AND _piece_end > start_ns
+WHERE left_out_ns = 0 OR (_piece_run IS NOT NULL AND steady_ns > 0);
 
 -- The rows of `run_steady`, with the phases read from the relation `phases` (as in
 -- `steady_between`). Same columns as `run_steady`.
 --
--- Cost: `gpu_busy_between` over the steps, `step_phases`, and `run_phases` unless `phases` names a
--- table of it.
+-- Cost: `gpu_busy_between` and `steady_between` over the steps, and `run_phases` unless `phases`
+-- names a table of it.
 CREATE OR REPLACE MACRO run_steady_of(phases := 'run_phases') AS TABLE
 WITH _active AS (
     SELECT g.run_id, min(g.start_ns) AS start_ns, max(g.end_ns) AS end_ns
@@ -407,9 +409,13 @@ WITH _active AS (
 ), _step_gpu AS (
     SELECT w.run_id, w.step_index, w.start_ns, w.end_ns, m.device FROM step_windows w JOIN main_device m USING (run_id)
     WHERE m.device IS NOT NULL
+), _step_busy AS (
+    SELECT * FROM gpu_busy_between('_step_gpu', 'all')
 ), _steps AS (
-    SELECT b.run_id, count(*) AS steps, count(*) FILTER (WHERE p.phase = 'steady' AND b.busy_ns > 0) AS steady_gpu_steps
-    FROM gpu_busy_between('_step_gpu', 'all') b JOIN step_phases p USING (run_id, step_index) GROUP BY b.run_id
+    -- a step of another phase is left out whole: a steady step is one mostly in steady time
+    SELECT run_id, count(*) AS steps, count(*) FILTER (WHERE 2 * steady_ns > end_ns - start_ns AND busy_ns > 0)
+               AS steady_gpu_steps
+    FROM steady_between('_step_busy', phases := phases) GROUP BY run_id
 )
 SELECT r.run_id, r.end_ns - r.start_ns AS window_ns, CAST(coalesce(p.steady_ns, 0) AS BIGINT) AS steady_ns,
        CAST(coalesce(p.warm_up_ns, 0) AS BIGINT) AS warm_up_ns, CAST(coalesce(p.capture_ns, 0) AS BIGINT) AS capture_ns,
@@ -441,7 +447,8 @@ CREATE OR REPLACE VIEW run_steady(
     active_steady_ns,
     -- steps of the run (`step_phases`)
     steps,
-    -- steady steps with GPU work on the main device
+    -- steady steps with GPU work on the main device (steps mostly in steady time: a step of another
+    -- phase is left out whole)
     steady_gpu_steps,
     -- no steady state worth analysing: at least `phase_min_left_out_share()` of the active window left
     -- out and fewer than two steady steps with GPU work
