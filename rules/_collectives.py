@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from operator import attrgetter
 
 from tracekit.engine.toolkit import rows
+from tracekit.rules import _phases
 
 # Per communication kernel of one (run, device): its overlap with the union of what can hide it
 # (the device's compute kernels, as the `compute` layer of gpu_busy_layers has them; memcpy/memset
@@ -14,11 +15,16 @@ from tracekit.engine.toolkit import rows
 # union is taken here, over this device's kernels only, rather than read from gpu_busy_layers, which
 # would merge every device of every run for each device asked.
 PER_KERNEL_SQL = """
-WITH comm AS (
-    SELECT run_id, device AS lane, kernel_event_id AS event_id, kernel_name AS name, stream, gpu_ts_ns AS start_ns,
+WITH all_comm AS (
+    SELECT run_id, device AS comm_device, kernel_event_id AS event_id, kernel_name AS name, stream, gpu_ts_ns AS start_ns,
            gpu_end_ns AS end_ns, gpu_dur_ns AS dur_ns, collective, process_group, dtype, in_nelems, out_nelems,
            group_size, bytes, annotation, launch_event_id
     FROM collectives WHERE run_id = $run_id AND device = $device AND kernel_event_id IS NOT NULL
+), comm AS (
+    -- the steady state only (unless $all_phases): a kernel mostly inside a warm-up, capture or
+    -- profiler window (`run_phases`) is left out
+    SELECT * EXCLUDE (comm_device, left_out_ns, steady_ns), comm_device AS lane
+    FROM steady_between('all_comm', all_phases := $all_phases) WHERE 2 * left_out_ns <= dur_ns
 ), hiding AS (
     SELECT run_id, device AS lane, ts_ns, end_ns FROM kernels
     WHERE NOT is_communication AND dur_ns IS NOT NULL AND run_id = $run_id AND device = $device
@@ -35,7 +41,8 @@ EVIDENCE_SQL = (
     "SELECT CAST(sum(exposed_ns) AS BIGINT) AS exposed_ns, CAST(sum(dur_ns) AS BIGINT) AS comm_ns,\n"
     "       CAST(sum(overlapped_ns) AS BIGINT) AS overlapped_ns, count(*) AS comm_kernels,\n"
     "       round(100.0 * sum(overlapped_ns) / nullif(sum(dur_ns), 0), 2) AS overlap_pct,\n"
-    "       sum(exposed_ns) / (SELECT end_ns - start_ns FROM runs WHERE run_id = $run_id) AS exposed_share\n"
+    "       sum(exposed_ns) / (SELECT CASE WHEN $all_phases THEN window_ns ELSE steady_ns END FROM run_steady\n"
+    "                          WHERE run_id = $run_id) AS exposed_share\n"
     "FROM (" + PER_KERNEL_SQL + ") per_kernel"
 )
 
@@ -77,10 +84,11 @@ ORDER BY depth DESC, event_id
 GROUP_KEYS = ("collective", "process_group", "dtype", "in_nelems", "out_nelems", "group_size")
 
 
-def per_kernel(con, sql_params: dict) -> list:
+def per_kernel(con, ctx, sql_params: dict) -> list:
     """The comm kernels of one (run, device) with their overlapped and exposed time: the rows the
     evidence SQL aggregates, so the finding's numbers equal the evidence exactly."""
-    return rows(con, f"SELECT * FROM ({PER_KERNEL_SQL}) ORDER BY start_ns, event_id", sql_params)
+    sql = _phases.in_rule(con, ctx, PER_KERNEL_SQL)
+    return rows(con, f"SELECT * FROM ({sql}) ORDER BY start_ns, event_id", sql_params)
 
 
 @dataclass

@@ -5,11 +5,16 @@ the time from the end of a stream's earlier activities to the next activity that
 of them ended, with the call that launched that activity (`first_launches`). other_busy_ns is the
 device's busy time inside the gap (`gpu_busy_between`): the stream itself is idle there, so any
 busy time is other streams' work, and gap_ns - other_busy_ns is idle time of the whole device.
+
+Unless $all_phases, only the steady state is measured (`run_phases`): a gap is cut to its steady
+pieces (`steady_pieces`), so warm-up, capture and profiler windows count neither as idle time nor in
+the stream's active window (active_ns, its steady time between first_ns and last_ns).
 """
 
 from __future__ import annotations
 
 from tracekit.engine.toolkit import rows
+from tracekit.rules import _phases
 
 CAUSES = ("host", "other_gpu", "kernel_wait", "other")
 
@@ -28,12 +33,22 @@ WITH on_stream AS (
            max(end_ns) OVER (PARTITION BY run_id, device, stream) AS stream_last_ns,
            count(*) OVER (PARTITION BY run_id, device, stream) AS stream_activities
     FROM gpu_activities WHERE run_id = coalesce($run_id, run_id)
+), whole_gaps AS (
+    SELECT * FROM on_stream WHERE end_ns > start_ns
 ), gaps AS (
-    SELECT *, end_ns - start_ns AS gap_ns FROM on_stream WHERE end_ns > start_ns
+    SELECT *, end_ns - start_ns AS gap_ns FROM steady_pieces('whole_gaps', all_phases := $all_phases)
+), active AS (
+    -- read off the activities, not on_stream: a second reader of on_stream makes DuckDB materialize it,
+    -- and the busy lookups over its gaps then join every gap with every other
+    SELECT run_id, device, stream, min(ts_ns) AS start_ns, max(end_ns) AS end_ns
+    FROM gpu_activities WHERE run_id = coalesce($run_id, run_id) GROUP BY ALL
+), active_steady AS (
+    SELECT run_id, device, stream, steady_ns AS active_ns FROM steady_between('active', all_phases := $all_phases)
 ), ended AS (
-    SELECT g.* EXCLUDE (busy_ns), g.busy_ns AS other_busy_ns,
+    SELECT g.* EXCLUDE (busy_ns), g.busy_ns AS other_busy_ns, a.active_ns,
            l.runtime_event_id, l.runtime_name, l.launch_ts_ns, l.launch_end_ns, l.tid AS launch_tid
     FROM gpu_busy_between('gaps', 'all', in_run := $run_id) g
+    JOIN active_steady a USING (run_id, device, stream)
     LEFT JOIN first_launches l ON l.run_id = g.run_id AND l.gpu_event_id = g.next_event_id
 )
 SELECT *,
@@ -59,7 +74,8 @@ SUMMARY_COLUMNS = """
     count(runtime_event_id) AS gaps_with_launch,
     any_value(stream_first_ns) AS first_ns,
     any_value(stream_last_ns) AS last_ns,
-    any_value(stream_activities) AS activities
+    any_value(stream_activities) AS activities,
+    any_value(active_ns) AS active_ns
 """
 
 # One stream's summary, self-contained: G001's evidence query (idle_ns, the first column, is observed).
@@ -99,11 +115,11 @@ HOST_SITES_SQL = (
 )
 
 
-def build_gap_table(con, params) -> None:
+def build_gap_table(con, ctx, params) -> None:
     """The gaps of every run, which the queries below read."""
     con.execute(
-        f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {GAPS_SQL}",
-        {"run_id": None, "kernel_wait_ns": params["kernel_wait_ns"]},
+        f"CREATE OR REPLACE TEMP TABLE {GAPS_TABLE} AS {_phases.in_rule(con, ctx, GAPS_SQL)}",
+        {"run_id": None, "kernel_wait_ns": params["kernel_wait_ns"], "all_phases": params["all_phases"]},
     )
 
 

@@ -2,7 +2,8 @@
 graphed-step-idle measure, and the finding shape they share.
 
 Steps are the `step_windows` view's (one annotation on one thread, never overlapping, else the whole
-run), measured on every device with GPU work: busy time by `gpu_busy_between`, idle in short gaps as
+run) cut to their steady pieces (`steady_pieces`: warm-up, capture and profiler steps and windows
+are not measured), on every device with GPU work: busy time by `gpu_busy_between`, idle in short gaps as
 busy time of the union of the device's short `gpu_busy` gaps, launches from `first_launches`. A
 run's steps on one device form a group.
 """
@@ -17,6 +18,7 @@ from tracekit.engine.registry import Param
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, rows, user_frame
 from tracekit.findings.model import Finding, Quantity
+from tracekit.rules import _phases
 from tracekit.units import duration
 
 WHOLE_RUN = "(whole run)"
@@ -34,21 +36,27 @@ PARAMS = {
     "tiny_kernel_ns": Param(10_000, "kernels shorter than this are tiny", "ns"),
     "min_run": Param(8, "consecutive tiny kernels on a stream that make a run", "kernels"),
     **share_params("the steps' GPU idle time over the run window", critical=0.3, warning=0.1),
+    "all_phases": _phases.ALL_PHASES,
 }
 
 # One row per (step, device) of run $run_id (of every run when it is NULL): the step windows of
 # `step_windows` on every device with GPU work, with the device's busy time and short idle inside the
 # step and the step's launch stats.
 STEPS_SQL = """
-WITH windows AS MATERIALIZED (
+WITH step_windows_on_device AS MATERIALIZED (
     SELECT s.run_id, s.step_index, coalesce(s.name, '{whole_run}') AS step, s.start_ns, s.end_ns, d.device,
            -- a whole-run step is no thread's: its launches come from every thread
            CASE WHEN s.name IS NOT NULL THEN s.pid END AS pid, CASE WHEN s.name IS NOT NULL THEN s.tid END AS tid
     FROM step_windows s
     JOIN (SELECT DISTINCT run_id, device FROM gpu_activities WHERE run_id = coalesce($run_id, run_id)) d USING (run_id)
     WHERE s.run_id = coalesce($run_id, run_id) AND s.end_ns > s.start_ns
+), windows AS MATERIALIZED (
+    -- the steady parts of the steps (unless $all_phases): warm-up, capture and profiler steps and
+    -- windows (`run_phases`) are not measured
+    SELECT * FROM steady_pieces('step_windows_on_device', all_phases := $all_phases)
 ), busy AS (
-    SELECT run_id, step_index, device, busy_ns FROM gpu_busy_between('windows', 'all', in_run := $run_id)
+    SELECT run_id, step_index, device, sum(end_ns - start_ns) AS steady_ns, sum(busy_ns) AS busy_ns
+    FROM gpu_busy_between('windows', 'all', in_run := $run_id) GROUP BY ALL
 ), short_gaps AS (
     SELECT run_id, device AS lane, end_ns AS ts_ns, end_ns + next_gap_ns AS end_ns
     FROM gpu_busy WHERE run_id = coalesce($run_id, run_id) AND next_gap_ns <= $short_gap_ns
@@ -58,7 +66,8 @@ WITH windows AS MATERIALIZED (
     SELECT run_id, step_index, device AS lane, start_ns, end_ns FROM windows
 ), short_idle AS (
     -- idle inside the step in gaps up to $short_gap_ns: the "busy" time of the union of those gaps
-    SELECT run_id, step_index, lane AS device, busy_ns AS short_idle_ns FROM busy_between('short_windows', 'short_blocks')
+    SELECT run_id, step_index, lane AS device, sum(busy_ns) AS short_idle_ns
+    FROM busy_between('short_windows', 'short_blocks') GROUP BY ALL
 ), kernel_islands AS (
     -- a run of tiny kernels on a stream: the tiny kernels after one that is not tiny
     SELECT event_id, run_id, device, stream, dur_ns < $tiny_kernel_ns AS tiny,
@@ -89,23 +98,25 @@ WITH windows AS MATERIALIZED (
            median(launch_dur_ns) FILTER (WHERE NOT via_graph) AS median_launch_ns
     FROM step_launch GROUP BY run_id, step_index, device
 )
-SELECT w.run_id, w.pid, w.tid, w.step, w.step_index, w.start_ns AS ts_ns, w.end_ns, w.device, b.busy_ns, i.short_idle_ns,
+SELECT w.run_id, w.pid, w.tid, w.step, w.step_index, w.start_ns AS ts_ns, w.end_ns, w.device, b.steady_ns, b.busy_ns,
+       i.short_idle_ns,
        coalesce(p.launches, 0) AS launches, coalesce(p.shorter, 0) AS shorter, coalesce(p.tiny_run, 0) AS tiny_run,
        coalesce(p.launch_bound, 0) AS launch_bound, coalesce(p.graph_launches, 0) AS graph_launches,
        coalesce(p.gpu_ns, 0) AS gpu_ns, coalesce(p.launch_ns, 0) AS launch_ns,
        coalesce(p.slow_calls, 0) AS slow_calls, coalesce(p.late_starts, 0) AS late_starts,
        p.median_gpu_ns, p.median_launch_ns
-FROM windows w JOIN busy b USING (run_id, step_index, device) JOIN short_idle i USING (run_id, step_index, device)
+FROM step_windows_on_device w JOIN busy b USING (run_id, step_index, device)
+JOIN short_idle i USING (run_id, step_index, device)
 LEFT JOIN per_step p USING (run_id, step_index, device)
 """.replace("{whole_run}", WHOLE_RUN)
 
 GROUP_COLUMNS = """
-    round(sum(busy_ns) / sum(end_ns - ts_ns), 4) AS busy_share,
+    round(sum(busy_ns) / sum(steady_ns), 4) AS busy_share,
     count(*) AS steps,
-    sum(end_ns - ts_ns) AS step_ns,
+    sum(steady_ns) AS step_ns,
     sum(busy_ns) AS busy_ns,
     sum(short_idle_ns) AS short_idle_ns,
-    round(sum(short_idle_ns) / nullif(sum(end_ns - ts_ns) - sum(busy_ns), 0), 4) AS short_idle_share,
+    round(sum(short_idle_ns) / nullif(sum(steady_ns) - sum(busy_ns), 0), 4) AS short_idle_share,
     sum(launches) AS launches,
     sum(shorter) AS shorter,
     sum(tiny_run) AS tiny_run,
@@ -184,6 +195,8 @@ class Group:
     code_path: list[str]
     signatures: int
     step_signatures: int
+    window_ns: int
+    left_out: list[dict]
 
     @property
     def launches(self) -> int:
@@ -238,6 +251,7 @@ def measure_params(run, params) -> dict:
         "tiny_kernel_ns": params["tiny_kernel_ns"],
         "min_run": params["min_run"],
         "short_gap_ns": params["short_gap_ns"],
+        "all_phases": params["all_phases"],
     }
 
 
@@ -251,15 +265,15 @@ def _measured_groups(con, ctx, run, params) -> list:
     taken = _MEASURED.setdefault(ctx, {})
     key = tuple(every_run.items())
     if key not in taken:
-        taken[key] = rows(con, GROUPS_SQL, every_run)
+        taken[key] = rows(con, _phases.in_rule(con, ctx, GROUPS_SQL), every_run)
     return [g for g in taken[key] if g.run_id == run.run_id]
 
 
 def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:
     """The run's step groups over every threshold, those with CUDA graph replays inside their steps
     (graphed) or those without."""
-    window = run.window_ns
-    if window <= 0:
+    window = _phases.window(con, ctx, run, params)
+    if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
         return []
     found = []
     for g in _measured_groups(con, ctx, run, params):
@@ -278,10 +292,10 @@ def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:
     if not found:
         return []
     run_graphs = ctx.graph_launches(run.run_id)
-    return [_group(con, ctx, run, g, idle, run_graphs) for g, idle in found]
+    return [_group(con, ctx, run, params, g, idle, run_graphs, window) for g, idle in found]
 
 
-def _group(con, ctx, run, g, idle, run_graphs) -> Group:
+def _group(con, ctx, run, params, g, idle, run_graphs, window) -> Group:
     ops = rows(con, OPS_SQL, {"run_id": run.run_id, "device": g.device})
     top_ops = [
         {
@@ -305,6 +319,8 @@ def _group(con, ctx, run, g, idle, run_graphs) -> Group:
         code_path=ctx.code_path(top_ops[0]["sample_runtime_event_id"]) if top_ops else [],
         signatures=ops[0].signatures if ops else 0,
         step_signatures=ops[0].step_signatures if ops else 0,
+        window_ns=window,
+        left_out=_phases.run_left_out(con, ctx, run, params),
     )
 
 
@@ -317,7 +333,10 @@ def _caveats(group: Group, params) -> tuple[list[str], float]:
             "these steps); their kernels are left out of the launch counts, and the busy share includes them"
         )
     if g.step == WHOLE_RUN:
-        caveats.append("no step annotations: the whole run window counts as one step, start-up and tail included")
+        caveats.append("no step annotations: the whole run window counts as one step, its tail included")
+    note = _phases.caveat(group.left_out, "the steps and the run window")
+    if note:
+        caveats.append(note)
     if group.launches and g.shorter / group.launches < params["min_short_share"]:
         caveats.append("most launches are not shorter than their call; the group is reported for its tiny-kernel runs")
     return caveats, confidence
@@ -334,7 +353,7 @@ def finding(
     caveats, confidence = _caveats(group, params)
     return Finding(
         rule=code,
-        severity=by_share(group.idle_ns / run.window_ns, params),
+        severity=by_share(group.idle_ns / group.window_ns, params),
         confidence=confidence,
         title=(
             f"{label} {g.step} on GPU {g.device}: GPU busy {g.busy_share:.0%} of {duration(g.step_ns)} over "
@@ -358,7 +377,7 @@ def finding(
         ),
         expected=Quantity(params["max_busy_share"], "ratio", "GPU busy at least this share of the step time"),
         impact_ns=group.idle_ns,
-        window_ns=run.window_ns,
+        window_ns=group.window_ns,
         sql=GROUP_SQL,
         sql_params={**measure_params(run, params), "device": g.device},
         sample_event_ids=[o["sample_runtime_event_id"] for o in group.top_ops],
@@ -396,5 +415,7 @@ def finding(
             "static_shapes": group.static_shapes,
             "op_shape_signatures": int(group.signatures or 0),
             "top_ops": group.top_ops,
+            "left_out_ns": sum(w["dur_ns"] for w in group.left_out),
+            "left_out": _phases.listed(group.left_out),
         },
     )

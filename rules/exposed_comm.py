@@ -21,9 +21,11 @@ When most of the exposed time is waiting for another rank, the fix is on the lat
 overhead, load imbalance), not in NCCL.
 
 ## Example
-Rank 0 of a 2-GPU tensor-parallel run: 72 `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` kernels on
-stream 7, the compute stream, take 93% of the window with 0% overlap; matched against rank 1, 99.8% of
-that is rank 0 waiting for rank 1 to launch the same all-reduce (median start skew 0.35 ms).
+Rank 0 of a 2-GPU tensor-parallel run: 56 `ncclDevKernel_AllReduce_Sum_bf16_RING_LL` kernels on
+stream 7, the compute stream, are exposed for 34% of the run's steady time with 0% overlap (the first
+step, in which the first all-reduce waits 470 ms for rank 1 to start, is warm-up and left out);
+matched against rank 1, 98.5% of that is rank 0 waiting for rank 1 to launch the same all-reduce
+(median start skew 0.35 ms).
 
 Use instead: make the late rank launch sooner (CUDA graphs, less host work per step), or issue the
 collective on a side stream (`async_op=True`) and wait for it just before its result is needed.
@@ -37,6 +39,10 @@ collective on a side stream (`async_op=True`) and wait for it just before its re
 - `critical_share` (0.2): severity critical when the exposed comm is at least this share of the run
   window; a device reported by `min_exposed_share` is a warning, one reported only for its overlap
   % an info.
+- `all_phases` (False): measure every phase of the run. By default a communication kernel mostly
+  inside a warm-up, capture or profiler window (`run_phases`) is not counted, and shares are of the
+  run's steady time; the finding lists the windows in `extra.left_out`, and a run with no steady
+  state at all is left to P001 cold-profile.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.toolkit import locality, one, rows
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _collectives
+from tracekit.rules import _collectives, _phases
 from tracekit.units import duration
 
 SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB, NCCL time is latency, not bandwidth
@@ -68,6 +74,7 @@ WAITING = 0.5  # share of the exposed time spent waiting for a peer from which t
         "critical_share": Param(
             0.2, "severity critical when exposed comm is at least this share of the window", "ratio"
         ),
+        "all_phases": _phases.ALL_PHASES,
     },
     example=Example(("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")),
 )
@@ -82,11 +89,16 @@ def check(con, params, ctx):
     cross = _collectives.cross_rank(con, ctx, world)
     for d in comm_devices:
         run = ctx.run(d.run_id)
-        window = run.window_ns
-        if window <= 0:
+        window = _phases.window(con, ctx, run, params)
+        if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue
-        sql_params = {"run_id": d.run_id, "device": d.device, "memcpy_is_compute": bool(params["memcpy_is_compute"])}
-        kernels = _collectives.per_kernel(con, sql_params)
+        sql_params = {
+            "run_id": d.run_id,
+            "device": d.device,
+            "memcpy_is_compute": bool(params["memcpy_is_compute"]),
+            "all_phases": params["all_phases"],
+        }
+        kernels = _collectives.per_kernel(con, ctx, sql_params)
         comm = sum(k.dur_ns for k in kernels)
         if not comm:
             continue
@@ -95,7 +107,7 @@ def check(con, params, ctx):
         by_share = exposed / window >= params["min_exposed_share"]
         by_overlap = overlap_pct < params["max_overlap_pct"] and comm / window >= params["min_comm_share"]
         if by_share or by_overlap:
-            finding = _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels)
+            finding = _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels, window)
             yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
 
 
@@ -175,8 +187,7 @@ def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stre
     )
 
 
-def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
-    window = run.window_ns
+def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
     comm = int(sum(k.dur_ns for k in kernels))
     exposed = int(sum(k.exposed_ns for k in kernels))
     overlapped = int(sum(k.overlapped_ns for k in kernels))
@@ -210,7 +221,11 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
         title += f"; {100 * wait_share:.1f}% of it waiting for rank {late_rank}"
     op = launcher["op"]
     launch = {k: launcher[k] for k in ("call", "annotation", "collective") if launcher[k]}
+    left_out = _phases.run_left_out(con, ctx, run, params)
+    note = _phases.caveat(left_out, "the communication kernels and the run window")
     extra = {
+        "left_out_ns": sum(w["dur_ns"] for w in left_out),
+        "left_out": _phases.listed(left_out),
         "comm_ns": comm,
         "overlapped_ns": overlapped,
         "overlap_pct": round(overlap_pct, 2),
@@ -283,6 +298,6 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels):
                 else "."
             ),
         ),
-        caveats=_caveats(params, kernels, exposed, window, shared_streams, cross),
+        caveats=_caveats(params, kernels, exposed, window, shared_streams, cross) + ([note] if note else []),
         extra=extra,
     )

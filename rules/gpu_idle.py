@@ -22,6 +22,11 @@ whose launches ended the host gaps. A stream is reported when its exposed idle t
 `min_idle_share` of its active window and at least `min_idle_ns`, so a communication side stream
 that idles while compute runs elsewhere on the device is not reported.
 
+Only the steady state counts (`run_phases`): warm-up (lazy initialisation, first launches, cuDNN
+algorithm search, warm-up steps), CUDA-graph capture and profiler windows are cut out of both the
+gaps and the active window, and listed in `extra.left_out` with why; a run that is all start-up gets
+P001 cold-profile instead.
+
 ## Why it matters
 Idle GPU time is time the accelerator is paid for and unused. When the gaps are host-caused and
 short, the host spends longer issuing each kernel (Python, dispatcher, launch) than the GPU spends
@@ -51,6 +56,10 @@ busiest stream over the thresholds, and the others are listed in `evidence.detai
 - `critical_share` (0.5): severity critical when the exposed idle time is at least this share of
   the stream's active window.
 - `warning_share` (0.3): severity warning from this share on; below it, info.
+- `all_phases` (False): measure every phase of the run. By default warm-up, CUDA-graph capture and
+  profiler windows (`run_phases`) are left out of both the idle time and the active window; the
+  finding lists them in `extra.left_out`, with a caveat, and a run with no steady state at all is
+  left to P001 cold-profile.
 """
 
 from __future__ import annotations
@@ -61,7 +70,7 @@ from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, one, user_frame
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _idle_gaps
+from tracekit.rules import _idle_gaps, _phases
 from tracekit.units import duration
 
 # What G001's numbers rest on, for data-quality checks that undermine them.
@@ -82,13 +91,14 @@ _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "
         "short_gap_ns": Param(100_000, "host gaps up to this long count as per-launch overhead", "ns"),
         "top_gaps": Param(5, "how many of the largest gaps to list", "gaps"),
         **share_params("the exposed idle share of the stream's active window", critical=0.5, warning=0.3),
+        "all_phases": _phases.ALL_PHASES,
     },
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
 def check(con, params, ctx):
-    _idle_gaps.build_gap_table(con, params)
+    _idle_gaps.build_gap_table(con, ctx, params)
     for run in ctx.runs:
-        if run.window_ns <= 0:
+        if run.window_ns <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue
         streams = _idle_gaps.stream_summaries(con, run.run_id, params)
         if not streams:
@@ -113,7 +123,8 @@ def check(con, params, ctx):
 
 
 def _active_ns(s) -> int:
-    return int(s.last_ns - s.first_ns)
+    """The stream's active window (first start to last end), steady time only unless all_phases."""
+    return int(s.active_ns)
 
 
 def _over_threshold(s, params: dict) -> bool:
@@ -214,6 +225,10 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
         s, split, dominant, params, graph_launches, site_text, s.device, ctx.workload(run.run_id)
     )
     caveats, confidence = _caveats(s, graph_launches)
+    left_out = _phases.left_out(con, ctx, run.run_id, s.first_ns, s.last_ns, params)
+    note = _phases.caveat(left_out, "the stream's active window")
+    if note:
+        caveats.append(note)
     by_cause = ", ".join(f"{label} {split[c] / idle:.0%}" for c, label in _CAUSE_LABELS.items())
     return Finding(
         rule="G001",
@@ -243,6 +258,7 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
             "run_id": run.run_id,
             **where,
             "kernel_wait_ns": params["kernel_wait_ns"],
+            "all_phases": params["all_phases"],
             "short_gap_ns": params["short_gap_ns"],
         },
         sample_event_ids=[g["next_activity"]["event_id"] for g in largest],
@@ -268,6 +284,9 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
             "largest_gaps": largest,
             "host_gap_sites": host_sites,
             "other_idle_streams": others,
+            "active_window_ns": [int(s.first_ns), int(s.last_ns)],
+            "left_out_ns": sum(w["dur_ns"] for w in left_out),
+            "left_out": _phases.listed(left_out),
             "hta_equivalent": "get_idle_time_breakdown: host_wait = host, kernel_wait = kernel_wait, "
             "other = other_gpu + other",
         },

@@ -39,6 +39,10 @@ names the eager ops around the replay.
 - `critical_share` (0.3): severity critical when the GPU idle time inside the steps is at least this
   share of the run window.
 - `warning_share` (0.1): severity warning from this share on; below it, info.
+- `all_phases` (False): measure every phase of the run. By default warm-up, capture and profiler
+  steps and windows (`run_phases`) are left out of the steps, and shares are of the run's steady
+  time; the finding lists them in `extra.left_out`, and a run with no steady state at all is left
+  to P001 cold-profile.
 """
 
 from __future__ import annotations

@@ -55,6 +55,10 @@ and `non_blocking=True`, and read it one step late.
 - `critical_share` (0.1): severity critical when a site's cost is at least this share of the run's
   window.
 - `warning_share` (0.02): severity warning from this share on; below it, info.
+- `all_phases` (False): measure every phase of the run. By default a call that returns in a warm-up,
+  CUDA-graph capture or profiler window (`run_phases`) is dropped, idle inside such a window is not
+  charged, and shares are of the run's steady time; the finding lists the windows in
+  `extra.left_out`, and a run with no steady state at all is left to P001 cold-profile.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
+from tracekit.rules import _phases
 from tracekit.units import duration
 
 # The run's repeated blocking call sites (thread, call, region, issuing op) over the thresholds; region
@@ -77,7 +82,7 @@ SELECT pid, tid, call, name_key(region) AS region, name_key(site) AS site, any_v
        arg_max(event_id, dur_ns) AS worst_event_id,
        list(event_id ORDER BY greatest(charged_idle_ns, stalled_ns) DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
        median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
-FROM host_blocking_exempting($small_htod_bytes) WHERE run_id = $run_id
+FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases) WHERE run_id = $run_id
 GROUP BY pid, tid, call, name_key(region), name_key(site)
 HAVING count(*) >= $min_calls AND greatest(sum(charged_idle_ns), sum(stalled_ns)) >= $min_share * $window
 ORDER BY greatest(sum(charged_idle_ns), sum(stalled_ns)) DESC, region, site, call
@@ -89,7 +94,7 @@ SITE_SQL = """
 SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, sum(stalled_ns) AS stalled_ns, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS host_blocked_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns
-FROM host_blocking_exempting($small_htod_bytes)
+FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases)
 WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
   AND name_key(region) IS NOT DISTINCT FROM $region AND name_key(site) = $site
 """
@@ -117,36 +122,39 @@ _COPIES = ("pageable async memcpy", "sync memcpy")
             critical=0.10,
             warning=0.02,
         ),
+        "all_phases": _phases.ALL_PHASES,
     },
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
 def check(con, params, ctx):
     for run in ctx.runs:
-        window = run.window_ns
-        if window <= 0:
+        window = _phases.window(con, ctx, run, params)
+        if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue
         sites = rows(
             con,
-            SITES_SQL,
+            _phases.in_rule(con, ctx, SITES_SQL),
             {
                 "run_id": run.run_id,
                 "small_htod_bytes": params["small_htod_bytes"],
                 "min_calls": params["min_calls"],
                 "min_share": params["min_share"],
                 "window": window,
+                "all_phases": params["all_phases"],
             },
         )
         gpu_doubted = any(c.caps_severity and quality.GPU_TIMELINE in c.affects for c in ctx.data_quality(run.run_id))
         for site in sites:
+            left_out = _phases.run_left_out(con, ctx, run, params)
             if gpu_doubted and site.critical_thread and site.blocking in _COPIES:
                 # a copy's own duration on the launching thread is a host record: it holds whatever the GPU
                 # records miss, so the finding is rated by it, with the GPU figures kept as context
-                yield quality.qualify(ctx, _finding(ctx, run, params, site, by_host=True), ())
+                yield quality.qualify(ctx, _finding(ctx, run, params, site, window, left_out, by_host=True), ())
             else:
-                yield quality.qualify(ctx, _finding(ctx, run, params, site), _USES)
+                yield quality.qualify(ctx, _finding(ctx, run, params, site, window, left_out), _USES)
 
 
-def _finding(ctx, run, params, s, by_host: bool = False) -> Finding:
+def _finding(ctx, run, params, s, window, left_out, by_host: bool = False) -> Finding:
     idle, stalled = int(s.gpu_idle_after_ns), int(s.stalled_ns)
     cost = int(s.blocked_ns) if by_host else max(idle, stalled)
     implicit = s.blocking == "sync"
@@ -164,7 +172,7 @@ def _finding(ctx, run, params, s, by_host: bool = False) -> Finding:
     advised = advice.blocking_call(context, s.blocking, where)
     return Finding(
         rule="H001",
-        severity=advised.cap(by_share(cost / run.window_ns, params)),
+        severity=advised.cap(by_share(cost / window, params)),
         confidence=0.9 if implicit else 0.8,
         title=title,
         locality=locality(
@@ -189,7 +197,7 @@ def _finding(ctx, run, params, s, by_host: bool = False) -> Finding:
         ),
         expected=Quantity(0, "ns", "no blocking call inside the steady-state loop"),
         impact_ns=cost,
-        window_ns=run.window_ns,
+        window_ns=window,
         sql=SITE_SQL,
         sql_params={
             "run_id": run.run_id,
@@ -199,6 +207,7 @@ def _finding(ctx, run, params, s, by_host: bool = False) -> Finding:
             "region": s.region,
             "site": s.site,
             "small_htod_bytes": params["small_htod_bytes"],
+            "all_phases": params["all_phases"],
         },
         sample_event_ids=s.sample_event_ids,
         hypothesis=_hypothesis(s, where, implicit, stalled > idle, context),
@@ -215,13 +224,20 @@ def _finding(ctx, run, params, s, by_host: bool = False) -> Finding:
             "host_blocked_ns": int(s.blocked_ns),
             "critical_thread": bool(s.critical_thread),
             "cost": "host_blocked" if by_host else "host_stall" if stalled > idle else "gpu_idle",
+            "left_out_ns": sum(w["dur_ns"] for w in left_out),
+            "left_out": _phases.listed(left_out),
         },
         caveats=[
-            "the GPU records of this run are incomplete (see its data-quality notes): the GPU idle and stall "
-            "figures are context only; the cost is the time the launching thread spent inside these copies"
-        ]
-        if by_host
-        else [],
+            note
+            for note in [
+                "the GPU records of this run are incomplete (see its data-quality notes): the GPU idle and stall "
+                "figures are context only; the cost is the time the launching thread spent inside these copies"
+                if by_host
+                else None,
+                _phases.caveat(left_out, "the site's calls and the run window"),
+            ]
+            if note
+        ],
     )
 
 

@@ -126,9 +126,10 @@ def test_evidence_sql_reproduces_observed_and_invariants(loaded, names):
         assert ev["overlap_pct"] == pytest.approx(100 * (ev["comm_ns"] - ev["exposed_ns"]) / ev["comm_ns"], abs=0.01)
         assert ev["overlap_pct"] == pytest.approx(f.extra["overlap_pct"], abs=0.01)
         assert ev["exposed_share"] == pytest.approx(f.impact_share, abs=1e-4)
+        # shares are of the run's steady time (`run_steady`), warm-up steps left out
         assert (
             f.window_ns
-            == con.execute("SELECT end_ns - start_ns FROM runs WHERE run_id = ?", [f.locality["run_id"]]).fetchone()[0]
+            == con.execute("SELECT steady_ns FROM run_steady WHERE run_id = ?", [f.locality["run_id"]]).fetchone()[0]
         )
         jsonschema.validate(f.as_dict(), schema)
 

@@ -160,9 +160,10 @@ def test_evidence_reproduces_observed_and_invariants(loaded, names):
         assert ev["launch_bound"] <= ev["shorter"] + ev["tiny_run"]
         assert ev["min_step_launches"] <= ev["launches"] / ev["steps"] <= ev["max_step_launches"]
         assert ev["first_ns"] == f.locality["window_ns"][0] and ev["last_ns"] == f.locality["window_ns"][1]
+        # shares are of the run's steady time (`run_steady`), warm-up steps left out
         assert (
             f.window_ns
-            == con.execute("SELECT end_ns - start_ns FROM runs WHERE run_id = ?", [f.locality["run_id"]]).fetchone()[0]
+            == con.execute("SELECT steady_ns FROM run_steady WHERE run_id = ?", [f.locality["run_id"]]).fetchone()[0]
         )
         assert f.locality["op"] is None or not f.locality["op"].startswith("ProfilerStep#")
         jsonschema.validate(f.as_dict(), schema)

@@ -3,7 +3,8 @@
 --
 -- The rule, per run: `ProfilerStep#N` annotations (user_annotation or cpu_op: `torch.profiler`'s
 -- `prof.step()`) when the run has any; else the most frequent top-level user annotation that occurs
--- at least twice (ties: the name); else the whole run is one step. Steps are the occurrences of that
+-- at least twice, preferring those that enclose kernel launches (an `MPI_Send` range around host
+-- communication is no step of GPU work; ties: the name); else the whole run is one step. Steps are the occurrences of that
 -- annotation on the thread that holds most of them, one per start time (old traces hold a
 -- ProfilerStep both as a user_annotation and as a cpu_op), in time order; an occurrence that starts
 -- before the previous one ended (nested or overlapping) is not a step of its own, so steps never
@@ -45,20 +46,32 @@ CREATE OR REPLACE VIEW step_candidates(
     source,
     -- how many times it occurs (distinct start times per thread, summed over threads)
     occurrences,
+    -- launch calls of GPU work (`first_launches`) made inside its occurrences on their threads
+    launches,
     -- process of the thread that holds most occurrences
     pid,
     -- that thread (ties: the lowest pid, then tid)
     tid,
-    -- the step rule's order among the eligible names: ProfilerStep first, then by occurrences
-    -- (descending) and name; NULL for a top-level annotation that occurs once (not eligible)
+    -- the step rule's order among the eligible names: ProfilerStep first, then names that enclose
+    -- launches, then by occurrences (descending) and name; NULL for a top-level annotation that
+    -- occurs once (not eligible)
     choice
 ) AS
 WITH annotations AS (
-    SELECT run_id, pid, tid, ts_ns, name_key(name) AS name,
+    SELECT run_id, pid, tid, ts_ns, end_ns, name_key(name) AS name,
            name LIKE 'ProfilerStep#%' AS profiler_step
     FROM events
     WHERE dur_ns > 0
       AND ((kind IN ('user_annotation', 'cpu_op') AND name LIKE 'ProfilerStep#%') OR (kind = 'user_annotation' AND depth = 0))
+), launched AS (
+    -- top-level annotations of one thread do not overlap: the latest one starting before a launch
+    -- call is the only one that can hold it
+    SELECT a.run_id, a.name, a.profiler_step, count(*) AS launches
+    FROM (SELECT DISTINCT run_id, pid, tid, launch_ts_ns FROM first_launches) l
+    ASOF JOIN (SELECT * FROM annotations WHERE NOT profiler_step) a
+      ON a.run_id = l.run_id AND a.pid = l.pid AND a.tid = l.tid AND l.launch_ts_ns >= a.ts_ns
+    WHERE l.launch_ts_ns < a.end_ns
+    GROUP BY ALL
 ), per_thread AS (
     SELECT run_id, name, profiler_step, pid, tid, count(DISTINCT ts_ns) AS n FROM annotations GROUP BY ALL
 ), per_name AS (
@@ -67,11 +80,12 @@ WITH annotations AS (
            profiler_step OR sum(n) >= 2 AS eligible
     FROM per_thread GROUP BY run_id, name, profiler_step
 )
-SELECT run_id, name, CASE WHEN profiler_step THEN 'ProfilerStep#N' ELSE 'most frequent top-level user annotation' END,
-       CAST(occurrences AS BIGINT), pid, tid,
-       CASE WHEN eligible THEN row_number() OVER (PARTITION BY run_id, eligible
-                                                  ORDER BY profiler_step DESC, occurrences DESC, name) END
-FROM per_name;
+SELECT p.run_id, p.name, CASE WHEN p.profiler_step THEN 'ProfilerStep#N' ELSE 'most frequent top-level user annotation' END,
+       CAST(p.occurrences AS BIGINT), CAST(coalesce(l.launches, 0) AS BIGINT), p.pid, p.tid,
+       CASE WHEN p.eligible THEN row_number() OVER (PARTITION BY p.run_id, p.eligible
+                                                    ORDER BY p.profiler_step DESC, coalesce(l.launches, 0) > 0 DESC,
+                                                             p.occurrences DESC, p.name) END
+FROM per_name p LEFT JOIN launched l USING (run_id, name, profiler_step);
 
 -- The step windows of every run, delimited by the annotation `step_name` (compared by `name_key`:
 -- a trailing `#N` and per-run ids are ignored), or by the step rule when `step_name` is NULL (that
@@ -160,47 +174,16 @@ CREATE OR REPLACE VIEW step_windows(
 SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns, dur_ns, pid, tid, depth
 FROM step_windows_named(NULL);
 
--- The steps of every run delimited by the annotation `step_name` (a trailing `#N` is ignored), or
--- by the step rule when `step_name` is NULL (that is the `steps` view), with their phase and time
--- breakdown. Same columns as `steps`.
+-- The phase of every step delimited by the annotation `step_name` (a trailing `#N` is ignored), or
+-- by the step rule when `step_name` is NULL: `steps.phase` and `steps.phase_reason` without the time
+-- breakdown, so that rules and `run_phases` read the phases without computing every step's GPU and
+-- host time.
 --
--- Cost: `step_windows_named`, two ASOF lookups per step and layer of `gpu_busy_layers` (one sort of
--- the run's activities per layer), one sweep over the step thread's host events, and one scan of the events
--- named like capture, lazy-init and profiler-overhead calls.
-CREATE OR REPLACE MACRO steps_named(step_name) AS TABLE
+-- Cost: `step_windows_named`, one scan of the events named like capture, lazy-init and
+-- profiler-overhead calls, one of the launch calls.
+CREATE OR REPLACE MACRO step_phases_named(step_name) AS TABLE
 WITH _w AS MATERIALIZED (
-    SELECT s.*, m.device FROM step_windows_named(step_name) s JOIN main_device m USING (run_id)
-), _layer_windows AS (
-    SELECT w.run_id, w.step_index, w.start_ns, w.end_ns, l.layer, {'device': w.device, 'layer': l.layer} AS lane
-    FROM _w w, (VALUES ('all'), ('kernel'), ('compute'), ('communication')) l(layer)
-    WHERE w.device IS NOT NULL
-), _layer_blocks AS (
-    SELECT run_id, {'device': device, 'layer': layer} AS lane, start_ns, end_ns, busy_before_ns FROM gpu_busy_layers
-    WHERE run_id IN (SELECT run_id FROM _w)
-), _gpu AS (
-    SELECT run_id, step_index,
-           sum(busy_ns) FILTER (WHERE layer = 'all') AS all_ns,
-           sum(busy_ns) FILTER (WHERE layer = 'kernel') AS kernel_ns,
-           sum(busy_ns) FILTER (WHERE layer = 'compute') AS compute_busy_ns,
-           sum(busy_ns) FILTER (WHERE layer = 'communication') AS comm_busy_ns
-    FROM busy_between('_layer_windows', '_layer_blocks') GROUP BY run_id, step_index
-), _run_thread AS (
-    SELECT run_id, any_value(pid) AS pid, any_value(tid) AS tid, min(depth) AS depth, any_value(name) AS name
-    FROM _w GROUP BY run_id
-), _host_intervals AS (
-    -- the step thread's host work below the step annotation (the annotation itself covers the step)
-    SELECT e.run_id, 0 AS lane, e.ts_ns, e.end_ns
-    FROM events e JOIN _run_thread t ON e.run_id = t.run_id AND e.pid = t.pid AND e.tid = t.tid
-    WHERE e.ph = 'X' AND e.dur_ns > 0 AND e.depth > t.depth AND NOT is_device_kind(e.kind)
-      AND e.kind NOT IN ('python_function', 'profiler_span', 'overhead')
-      AND NOT (t.name IS NOT NULL AND e.kind IN ('user_annotation', 'cpu_op')
-               AND name_key(e.name) = t.name)
-), _host_blocks AS (
-    SELECT * FROM interval_union('_host_intervals')
-), _hw AS (
-    SELECT run_id, step_index, 0 AS lane, start_ns, end_ns FROM _w
-), _host AS (
-    SELECT run_id, step_index, busy_ns FROM busy_between('_hw', '_host_blocks')
+    SELECT * FROM step_windows_named(step_name)
 ), _marks AS (
     SELECT run_id, ts_ns, least(end_ns, ts_ns + coalesce(dur_ns, 0)) AS end_ns, name,
            CASE WHEN regexp_matches(name, '^(cuda|cu|hip)Stream(Begin|End)Capture')
@@ -241,7 +224,7 @@ WITH _w AS MATERIALIZED (
                FROM _launch_calls GROUP BY run_id) l USING (run_id)
     GROUP BY w.run_id
 ), _tested AS (
-    SELECT w.*, g.all_ns, g.kernel_ns, g.compute_busy_ns, g.comm_busy_ns, h.busy_ns AS host_busy_ns, coalesce(e.capture_calls, 0) AS capture_calls, e.capture_names,
+    SELECT w.*, coalesce(e.capture_calls, 0) AS capture_calls, e.capture_names,
            coalesce(e.lazy_calls, 0) AS lazy_calls, e.lazy_names, coalesce(e.profiler_ns, 0) AS profiler_ns,
            r.later_median_ns, r.later_lazy_max, r.first_launch_ns, r.median_launch_ns,
            w.step_index = 0 AND r.steps_in_run >= 2 AS first_of_several,
@@ -249,12 +232,9 @@ WITH _w AS MATERIALIZED (
            r.first_launch_ts >= w.start_ns AND r.first_launch_ts < w.end_ns
                AND r.first_launch_ns > step_warmup_launch_factor() * r.median_launch_ns AS cold_launch,
            w.dur_ns > step_warmup_duration_factor() * r.later_median_ns AS long_first
-    FROM _w w
-    LEFT JOIN _gpu g USING (run_id, step_index)
-    LEFT JOIN _host h USING (run_id, step_index) LEFT JOIN _evidence e USING (run_id, step_index)
-    JOIN _runs r USING (run_id)
+    FROM _w w LEFT JOIN _evidence e USING (run_id, step_index) JOIN _runs r USING (run_id)
 )
-SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns, dur_ns,
+SELECT run_id, step_index,
        CASE WHEN capture_calls > 0 THEN 'capture'
             WHEN first_of_several AND (cold_init OR cold_launch OR long_first) THEN 'warm-up'
             WHEN profiler_ns >= step_profiler_overhead_share() * dur_ns THEN 'profiler'
@@ -269,7 +249,72 @@ SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns,
                                                  dur_ns / later_median_ns, dur_ns / 1e6, later_median_ns / 1e6) END)
             WHEN profiler_ns >= step_profiler_overhead_share() * dur_ns
                 THEN printf('profiler overhead events take %.3f ms, %.0f%% of the step', profiler_ns / 1e6, 100 * profiler_ns / dur_ns)
-            ELSE 'no CUDA-graph capture, cold start or profiler overhead in the step' END AS phase_reason,
+            ELSE 'no CUDA-graph capture, cold start or profiler overhead in the step' END AS phase_reason
+FROM _tested;
+
+-- One row per step per run, by the step rule (see above), with its phase but without the time
+-- breakdown of `steps` (cheaper: no GPU or host time is computed). `run_phases` reads it.
+CREATE OR REPLACE VIEW step_phases(
+    -- the run
+    run_id,
+    -- the step (`step_windows.step_index`)
+    step_index,
+    -- `steady`, `warm-up`, `capture` or `profiler` (see above)
+    phase,
+    -- the evidence for the phase, with its numbers
+    phase_reason
+) AS
+SELECT run_id, step_index, phase, phase_reason FROM step_phases_named(NULL);
+
+-- The steps of every run delimited by the annotation `step_name` (a trailing `#N` is ignored), or
+-- by the step rule when `step_name` is NULL (that is the `steps` view), with their phase
+-- (`step_phases_named`) and time breakdown. Same columns as `steps`.
+--
+-- Cost: `step_windows_named`, `step_phases_named`, two ASOF lookups per step and layer of
+-- `gpu_busy_layers` (one sort of the run's activities per layer), one sweep over the step thread's
+-- host events.
+CREATE OR REPLACE MACRO steps_named(step_name) AS TABLE
+WITH _w AS MATERIALIZED (
+    SELECT s.*, m.device FROM step_windows_named(step_name) s JOIN main_device m USING (run_id)
+), _layer_windows AS (
+    SELECT w.run_id, w.step_index, w.start_ns, w.end_ns, l.layer, {'device': w.device, 'layer': l.layer} AS lane
+    FROM _w w, (VALUES ('all'), ('kernel'), ('compute'), ('communication')) l(layer)
+    WHERE w.device IS NOT NULL
+), _layer_blocks AS (
+    SELECT run_id, {'device': device, 'layer': layer} AS lane, start_ns, end_ns, busy_before_ns FROM gpu_busy_layers
+    WHERE run_id IN (SELECT run_id FROM _w)
+), _gpu AS (
+    SELECT run_id, step_index,
+           sum(busy_ns) FILTER (WHERE layer = 'all') AS all_ns,
+           sum(busy_ns) FILTER (WHERE layer = 'kernel') AS kernel_ns,
+           sum(busy_ns) FILTER (WHERE layer = 'compute') AS compute_busy_ns,
+           sum(busy_ns) FILTER (WHERE layer = 'communication') AS comm_busy_ns
+    FROM busy_between('_layer_windows', '_layer_blocks') GROUP BY run_id, step_index
+), _run_thread AS (
+    SELECT run_id, any_value(pid) AS pid, any_value(tid) AS tid, min(depth) AS depth, any_value(name) AS name
+    FROM _w GROUP BY run_id
+), _host_intervals AS (
+    -- the step thread's host work below the step annotation (the annotation itself covers the step)
+    SELECT e.run_id, 0 AS lane, e.ts_ns, e.end_ns
+    FROM events e JOIN _run_thread t ON e.run_id = t.run_id AND e.pid = t.pid AND e.tid = t.tid
+    WHERE e.ph = 'X' AND e.dur_ns > 0 AND e.depth > t.depth AND NOT is_device_kind(e.kind)
+      AND e.kind NOT IN ('python_function', 'profiler_span', 'overhead')
+      AND NOT (t.name IS NOT NULL AND e.kind IN ('user_annotation', 'cpu_op')
+               AND name_key(e.name) = t.name)
+), _host_blocks AS (
+    SELECT * FROM interval_union('_host_intervals')
+), _hw AS (
+    SELECT run_id, step_index, 0 AS lane, start_ns, end_ns FROM _w
+), _host AS (
+    SELECT run_id, step_index, busy_ns FROM busy_between('_hw', '_host_blocks')
+), _tested AS (
+    SELECT w.*, g.all_ns, g.kernel_ns, g.compute_busy_ns, g.comm_busy_ns, h.busy_ns AS host_busy_ns, p.phase, p.phase_reason
+    FROM _w w
+    LEFT JOIN _gpu g USING (run_id, step_index)
+    LEFT JOIN _host h USING (run_id, step_index)
+    JOIN step_phases_named(step_name) p USING (run_id, step_index)
+)
+SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns, dur_ns, phase, phase_reason,
        device,
        CAST(all_ns AS BIGINT) AS busy_ns,
        CAST(compute_busy_ns AS BIGINT) AS compute_ns,
