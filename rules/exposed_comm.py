@@ -39,6 +39,12 @@ collective on a side stream (`async_op=True`) and wait for it just before its re
 - `critical_share` (0.2): severity critical when the exposed comm is at least this share of the run
   window; a device reported by `min_exposed_share` is a warning, one reported only for its overlap
   % an info.
+- `max_idle_to_exposed` (5.0): a finding is held at info when, in the device's steady steps, the GPU
+  idles more than this many times as long as its communication is exposed: the step is bound by what
+  keeps the GPU idle (host work, G001), and hiding the collective would not shorten it. On the
+  corpus the host-bound DDP run (hta nccl_data) idles 12.9x its exposed comm; the runs where the
+  exposed comm is on the critical path 0.4-2.1x (HTA's trace_diff pair, df_index_resolver, the TP2
+  sample).
 - `all_phases` (False): measure every phase of the run. By default a communication kernel mostly
   inside a warm-up, capture or profiler window (`run_phases`) is not counted, and shares are of the
   run's steady time; the finding lists the windows in `extra.left_out`, and a run with no steady
@@ -73,6 +79,12 @@ WAITING = 0.5  # share of the exposed time spent waiting for a peer from which t
         "top_collectives": Param(5, "collective groups listed in the details", "count"),
         "critical_share": Param(
             0.2, "severity critical when exposed comm is at least this share of the window", "ratio"
+        ),
+        "max_idle_to_exposed": Param(
+            5.0,
+            "held at info when the device idles more than this many times the exposed comm in its steady steps "
+            "(the step is bound elsewhere)",
+            "ratio",
         ),
         "all_phases": _phases.ALL_PHASES,
     },
@@ -109,6 +121,19 @@ def check(con, params, ctx):
         if by_share or by_overlap:
             finding = _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels, window)
             yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
+
+
+# GPU idle over exposed communication in the run's steady steps on `device` (from `steps`, which
+# measures the main device); None when the device is not the one `steps` measures or nothing is exposed.
+IDLE_TO_EXPOSED_SQL = """
+SELECT sum(idle_ns) / nullif(sum(comm_exposed_ns), 0) AS ratio FROM steps
+WHERE run_id = $run_id AND device = $device AND phase = 'steady'
+"""
+
+
+def _idle_to_exposed(con, run_id: int, device: int) -> float | None:
+    ratio = one(con, IDLE_TO_EXPOSED_SQL, {"run_id": run_id, "device": device}).ratio
+    return float(ratio) if ratio is not None else None
 
 
 def _unrecognised_collectives(con, ctx, world, with_comm):
@@ -254,6 +279,17 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
         severity = "critical"
     else:
         severity = "warning" if share >= params["min_exposed_share"] else "info"
+    bound_elsewhere = _idle_to_exposed(con, run.run_id, device)
+    caveats = [note] if note else []
+    if bound_elsewhere is not None and bound_elsewhere > params["max_idle_to_exposed"]:
+        # hiding the collective cannot shorten a step whose GPU mostly waits for something else
+        severity = "info"
+        caveats.append(
+            f"in its steady steps the device idles {bound_elsewhere:.1f}x as long as its communication is exposed: "
+            "the step is bound by what keeps the GPU idle (see G001), so hiding this communication would not "
+            "shorten it; fix the idle time first"
+        )
+        extra["idle_to_exposed"] = round(bound_elsewhere, 2)
     return Finding(
         rule="C001",
         severity=advised.cap(severity),
@@ -298,6 +334,6 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
                 else "."
             ),
         ),
-        caveats=_caveats(params, kernels, exposed, window, shared_streams, cross) + ([note] if note else []),
+        caveats=_caveats(params, kernels, exposed, window, shared_streams, cross) + caveats,
         extra=extra,
     )
