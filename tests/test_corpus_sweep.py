@@ -68,8 +68,10 @@ def _tables(text: str) -> dict[str, list[list[str]]]:
 
 
 def _where(text: str) -> dict:
-    pairs = [part.split("=", 1) for part in text.split() if part != "-"]
-    return {key: value.strip("`") for key, value in pairs}
+    """`rank=1 op=(top level)` -> {"rank": "1", "op": "(top level)"}: a value runs to the next ` key=`."""
+    if text.strip() == "-":
+        return {}
+    return {key: value.strip().strip("`") for key, value in re.findall(r"(\w+)=(.*?)(?=\s+\w+=|$)", text)}
 
 
 def load_expectations(path: Path = EXPECTATIONS) -> tuple[list[Expected], dict[str, str]]:
