@@ -186,9 +186,12 @@ def _finding(ctx, run, params, s, window, left_out, by_host: bool = False) -> Fi
         observed=Quantity(
             cost,
             "ns",
-            (f"the {thread} was blocked {duration(s.blocked_ns)} in {s.calls} calls (host records; the GPU records "
-             "of this run are incomplete, see the data-quality caveat), "
-             if by_host else "")
+            (
+                f"the {thread} was blocked {duration(s.blocked_ns)} in {s.calls} calls (host records; the GPU records "
+                "of this run are incomplete, see the data-quality caveat), "
+                if by_host
+                else ""
+            )
             + f"the larger of two costs: GPU idle on the main device from the return of {calls} calls (the op "
             f"invocations waiting when the GPU drained, each gap counted once) until the next GPU work, "
             f"{duration(idle)}; and the time the {thread} was blocked in the calls with the main device idle "

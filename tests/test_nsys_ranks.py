@@ -65,7 +65,9 @@ def test_each_process_with_gpu_work_is_a_run_with_its_rank(two_ranks):
     assert [(r[1], r[2]) for r in runs] == [(0, 2), (1, 2)]
     assert all(r[3] == "nsys thread name (MPI Rank N)" for r in runs)
     assert runs[0][4] != runs[1][4]
-    devices = con.execute("SELECT r.rank, list(DISTINCT k.device) FROM kernels k JOIN runs r USING (run_id) GROUP BY 1 ORDER BY 1")
+    devices = con.execute(
+        "SELECT r.rank, list(DISTINCT k.device) FROM kernels k JOIN runs r USING (run_id) GROUP BY 1 ORDER BY 1"
+    )
     assert devices.fetchall() == [(0, [0]), (1, [1])]
     assert len(results) == 2
 
@@ -79,7 +81,9 @@ def test_the_split_keeps_every_row_and_each_run_reconciles(two_ranks):
         for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_RUNTIME",
                   "NVTX_EVENTS", "ThreadNames")
     )  # fmt: skip
-    log = con.execute("SELECT run_id, events_read, events_ingested, events_skipped FROM ingest_log ORDER BY run_id").fetchall()
+    log = con.execute(
+        "SELECT run_id, events_read, events_ingested, events_skipped FROM ingest_log ORDER BY run_id"
+    ).fetchall()
     assert sum(r[1] for r in log) == total
     for run_id, read, ingested, skipped in log:
         assert read == ingested + skipped

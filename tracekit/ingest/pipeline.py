@@ -193,7 +193,9 @@ def _ingest_run(con, main: Part, logs: list[Part], rank, label, started, align, 
         if offset:
             main.export.notes["applied_offset_ns"] = offset
         with transaction(con):
-            ranked = processes.rank_processes(con, run_ids[0]) if getattr(main.reader, "RANKS_BY_PROCESS", False) else []
+            ranked = (
+                processes.rank_processes(con, run_ids[0]) if getattr(main.reader, "RANKS_BY_PROCESS", False) else []
+            )
             if not ranked:
                 return _derive(con, run_ids[0], main, attached, span, rank, label, started)
             run_ids[1:] = processes.split(con, run_ids[0], ranked)[1:]
@@ -237,8 +239,19 @@ def _insert(con, export: rows.Export, run_id: int, offset: int) -> None:
         dbmod.insert_rows(con, "run_metrics", run_id, ("name", "value", "unit", "args"), export.metrics)
 
 
-def _derive(con, run_id: int, main: Part, attached: list, span, rank, label, started: float, counts: int | None = None,
-            notes: dict | None = None, moved_out: int = 0) -> list[IngestResult]:
+def _derive(
+    con,
+    run_id: int,
+    main: Part,
+    attached: list,
+    span,
+    rank,
+    label,
+    started: float,
+    counts: int | None = None,
+    notes: dict | None = None,
+    moved_out: int = 0,
+) -> list[IngestResult]:
     """Entities, each reader's own step, nesting, the runs row and one ingest_log row per file (per rank
     of a file split by process: `counts` rows moved into this run, `moved_out` rows moved from it)."""
     fill_entities(con, run_id)
@@ -268,7 +281,11 @@ def _derive_ranks(con, run_ids: list[int], ranked: list, main: Part, attached: l
     moved = {run_id: processes.rows_in(con, run_id) for run_id in run_ids[1:]}
     out = []
     for index, (run_id, process) in enumerate(zip(run_ids, ranked)):
-        main.export.rank, main.export.rank_source, main.export.world_size = process.rank, process.rank_source, len(ranked)
+        main.export.rank, main.export.rank_source, main.export.world_size = (
+            process.rank,
+            process.rank_source,
+            len(ranked),
+        )
         notes = {"process": {"pid": process.pid, "devices": list(process.devices), "runs of the file": run_ids}}
         results = _derive(con, run_id, main, attached if index == 0 else [], span, None, f"{base}[rank {process.rank}]",
                           started, counts=None if index == 0 else moved[run_id], notes=notes,

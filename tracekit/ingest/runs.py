@@ -85,8 +85,15 @@ def insert_run(con, run_id: int, run: dict, span: tuple[int | None, int | None])
     )  # fmt: skip
 
 
-def result(export, run_id: int, rank: int | None, seconds: float, alignment: dict | None = None,
-           counts: int | None = None, moved_out: int = 0) -> IngestResult:
+def result(
+    export,
+    run_id: int,
+    rank: int | None,
+    seconds: float,
+    alignment: dict | None = None,
+    counts: int | None = None,
+    moved_out: int = 0,
+) -> IngestResult:
     """A file's reconciliation: every item read was ingested or skipped with a reason. For a run split
     from its file by process, `counts` is the rows moved into it (its share of what was read; no
     skips, no bytes), and the file's first run keeps the rest (`moved_out` fewer)."""
