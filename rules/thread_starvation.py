@@ -108,6 +108,9 @@ ACCEPTED_RATIO = 0.8
             0.5, "report when the in-window rate is at most this share of the outside rate", "ratio"
         ),
         "alpha": Param(0.001, "significance level for the larger of the two p-values", "p"),
+        "silence_factor": Param(
+            1000.0, "a stretch with no call is native code from this many times the thread's median gap", "ratio"
+        ),
         "max_candidates": Param(8, "window ops tried per pair of threads", "ops"),
         "report_clear": Param(False, "also report checked, not significant pairs as info", ""),
         "critical_share": Param(
@@ -177,6 +180,12 @@ def _measurements(pair: _gil_windows.Pair, a_short: str) -> str:
     return text
 
 
+def _code_path(ctx, samples: list[int], pair: _gil_windows.Pair) -> list[str]:
+    path = ctx.code_path(samples[0], limit=7) if samples else []
+    # a native call's own frame names the variant (hold/release) and would give the fixed run another id
+    return path[1:] if path and path[0] in pair.natives else path
+
+
 def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
     row, stats, pid = pair.row, pair.stats, pair.pid
     a_name = ctx.thread_name(run.run_id, pid, pair.window_tid)
@@ -184,6 +193,10 @@ def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
     a_short, b_short = thread_label(a_name, pair.window_tid), thread_label(b_name, pair.starved_tid)
     if a_short == b_short:  # two threads both called `python3`: tell them apart by tid
         a_short, b_short = f"{a_short} (tid {pair.window_tid})", f"{b_short} (tid {pair.starved_tid})"
+    if not b_name or a_short.split(" (tid ")[0] == b_short.split(" (tid ")[0]:
+        # the OS name tells nothing (Python's thread names are not in the trace): say what the thread runs
+        entry = _gil_windows.entry_frame(con, run.run_id, pid, pair.starved_tid)
+        b_short = f"{b_short} running `{entry}`" if entry else b_short
     samples = _gil_windows.window_samples(con, pair)
     significant = stats["significant"]
     lost = _lost_ns(pair)
@@ -216,9 +229,7 @@ def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
             tid=pair.starved_tid,
             thread_name=b_name or f"tid {pair.starved_tid}",
             op=", ".join(pair.ops),
-            # the Python around the call; the call's own frame names the variant (hold/release) and would
-            # give the fixed run another id
-            code_path=ctx.code_path(samples[0], limit=7)[1:] if samples else [],
+            code_path=_code_path(ctx, samples, pair),
             window_ns=[row.first_ns, row.last_ns],
         ),
         observed=Quantity(
