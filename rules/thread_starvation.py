@@ -6,15 +6,23 @@ every other Python thread of the process (B) stops until it returns. Windows are
 which A runs no Python: C-function frames (`<built-in method intranode_dispatch ...>`, a pybind11
 method) with no Python frame below them, named after the innermost `record_function` annotation or op
 around them that holds no other call of that function (`deepep_like::intranode_dispatch`), else after
-the frame. Python frames are never windows (two threads that both run Python share the GIL by
-design), nor are waits that release the GIL by design (`time.sleep`, lock/queue/select waits), calls
-that are mostly one op's own work (`relu` around `aten::relu`) or the profiler's own bookkeeping.
+the frame. A call that leaves no frame (a `ctypes` function) shows as a stretch in which A starts and
+ends nothing for at least `silence_factor` times its own median gap between activity boundaries (a
+thread running bytecode makes calls every few µs; one with no call for milliseconds is in native code),
+inside a `record_function` range or op, between two calls of one Python frame: such a stretch is a
+window too, named after the range (the longest one per range). Python frames are never windows (two
+threads that both run Python share the GIL by design; a stretch inside a frame that calls nothing is
+that frame's own bytecode), nor are waits that release the GIL by design (`time.sleep`,
+lock/queue/select waits), calls that are mostly one op's own work (`relu` around `aten::relu`) or the
+profiler's own bookkeeping.
 
-For each other thread B of the same pid with Python activity, a call is long enough to test when B
-would start `min_expected_starts` events in it at its own mean rate (so the window length comes
-from B, not from a fixed threshold). Each window op (op name and native function) that occurs at
-least `min_windows` times is measured over all its windows together, from the first to the last
-(inside B's own active span):
+For each other thread B of the same pid with Python activity, a C-function call is long enough to test
+when B would start `min_expected_starts` events in it at its own mean rate (so the window length comes
+from B, not from a fixed threshold). A stretch with no call is already long on A's own scale and is
+not held to B's mean rate: a starved B has a low mean rate because it is starved.
+
+Each window op (op name and native function) that occurs at least `min_windows` times is measured
+over all its windows together, from the first to the last (inside B's own active span):
 
 - B's activity rate (starts of its `python_function`, `user_annotation`, `cpu_op` and CUDA runtime
   events, per ms) inside the windows vs outside them; `observed` is the ratio in/out;
@@ -36,10 +44,15 @@ released around a 0.1-5 ms wait, polling a flag with no CUDA call or polling `cu
 two native ops per layer, a transfer thread (Python, a side-stream copy, `event.synchronize()`, a
 sleep), a Python-only thread or none: every held cell with a second thread is a warning naming
 `kv_transfer` and the op(s), every other cell is quiet, in both directions. Also on the project's
-`gil_hold`/`gil_release` samples and the corpus traces without a second Python thread.
+`gil_hold`/`gil_release` samples and the corpus traces without a second Python thread. And on two H200
+runs made outside the project (`../shared/reference/experiments/exp_gil.py`): a `ctypes` `usleep` of
+3 ms inside `record_function("deep_ep::intranode_dispatch(sim)")`, through `PyDLL` (GIL held: the
+transfer thread ran 8 times in 0.7 s, never inside a wait; a warning) or `CDLL` (released: quiet).
 
-Not covered: a wait through `ctypes` leaves no C-function frame (only the caller's Python frame,
-which cannot be told from bytecode), and a wait inside a custom op's `cpu_op` counts as that op's work.
+Not covered: a `ctypes` wait alone in a Python function of its own (`def wait(): lib.usleep(n)`)
+cannot be told from that function's own bytecode, and a wait inside a custom op's `cpu_op` counts as
+that op's work. Kineto records no Python thread names (`threading.Thread(name=...)`): an unnamed
+starved thread is told by its entry frame (`transfer_worker`).
 
 ## Why it matters
 A native op that waits without `py::gil_scoped_release` (DeepEP `intranode_dispatch` in v1.2.1,
@@ -68,6 +81,9 @@ inside the windows than outside (the main thread's Python is out of its way) and
 - `max_rate_ratio` (0.5): report when the starved thread's in-window activity rate is at most
   this share of its outside rate.
 - `alpha` (0.001): and the larger of the two p-values (Poisson, silent windows) is below this.
+- `silence_factor` (1000): a stretch with no call is native code from this many times the thread's
+  median gap between activity boundaries (0.4-3 µs over the samples and the reference runs, so a
+  stretch of 0.4-3 ms; the reference waits are 3 ms, about 2800 times the holder's 1.1 µs).
 - `max_candidates` (8): window ops tried per pair of threads (the longest in total).
 - `report_clear` (false): also report checked pairs that are not significant, as `info` findings
   with the numbers (useful to confirm a fix).
