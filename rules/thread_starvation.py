@@ -209,10 +209,14 @@ def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
     a_short, b_short = thread_label(a_name, pair.window_tid), thread_label(b_name, pair.starved_tid)
     if a_short == b_short:  # two threads both called `python3`: tell them apart by tid
         a_short, b_short = f"{a_short} (tid {pair.window_tid})", f"{b_short} (tid {pair.starved_tid})"
+    b_where = b_name or f"tid {pair.starved_tid}"
     if not b_name or a_short.split(" (tid ")[0] == b_short.split(" (tid ")[0]:
-        # the OS name tells nothing (Python's thread names are not in the trace): say what the thread runs
+        # the OS name tells nothing (Python's thread names are not in the trace): say what the thread runs;
+        # in the locality it stands in for the name, so the finding keeps its id from run to run
         entry = _gil_windows.entry_frame(con, run.run_id, pid, pair.starved_tid)
-        b_short = f"{b_short} running `{entry}`" if entry else b_short
+        if entry:
+            b_short = f"tid {pair.starved_tid} running `{entry}`"
+            b_where = f"thread {pair.starved_tid} ({entry})"
     samples = _gil_windows.window_samples(con, pair)
     significant = stats["significant"]
     lost = _lost_ns(pair)
@@ -243,7 +247,7 @@ def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
             run,
             pid=pid,
             tid=pair.starved_tid,
-            thread_name=b_name or f"tid {pair.starved_tid}",
+            thread_name=b_where,
             op=", ".join(pair.ops),
             code_path=_code_path(ctx, samples, pair),
             window_ns=[row.first_ns, row.last_ns],

@@ -138,7 +138,7 @@ def test_reference_ctypes_wait_held_is_found(loaded):
     assert f.severity == "warning" and "GIL" in f.hypothesis
     assert f.locality["op"] == REFERENCE_OP and REFERENCE_OP in f.title
     # Kineto records no Python thread names: the starved thread is told by what it runs
-    assert "transfer_worker" in f.title
+    assert "transfer_worker" in f.title and "transfer_worker" in f.locality["thread_name"]
     assert f.extra["window_thread"]["tid"] != f.locality["tid"]
     assert any("no frame" in n and "run" in n for n in f.extra["native_calls"])
     assert any("exp_gil.py" in frame for frame in f.locality["code_path"])
@@ -167,6 +167,9 @@ def test_reference_ctypes_wait_released_is_quiet(loaded):
     cleared = [f for f in clear if f.locality["op"] == REFERENCE_OP]
     assert len(cleared) == 1 and cleared[0].severity == "info"
     assert check_evidence(con, cleared[0])["rate_ratio"] > 1
+    # the thread has another tid and OS name in each run; the cleared pair keeps the held run's id
+    held, _ = run_rule(loaded(reference("gil_hold.json.gz")), "H002")
+    assert [f.id for f in held] == [cleared[0].id]
 
 
 @pytest.mark.parametrize(
