@@ -10,6 +10,7 @@ The variation matrix is in test_gil_matrix.py.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -187,3 +188,43 @@ def test_quiet_without_a_starving_op(path, loaded):
     assert [f for f in found if f.severity != "info"] == []
     found, _ = run_rule(loaded(path()), "H002")
     assert found == []
+
+
+def _waits_timeline(path: Path, bytecode: bool) -> Path:
+    """Thread 1 enters `ext::wait` every 5 ms for 3 ms and calls nothing for most of it; thread 2 ticks
+    only outside those 3 ms. With `bytecode`, the stretch with no call is a Python frame that calls
+    nothing (its own bytecode); without, it lies between two calls of the caller (a ctypes wait)."""
+    events = []
+
+    def span(cat, name, tid, ts, dur):
+        events.append({"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur})
+
+    period, loops = 5000, 100
+    span("python_function", "app.py(1): main", 1, 0, period * loops + 100)
+    span("python_function", "app.py(30): worker", 2, 0, period * loops + 100)
+    for i in range(loops):
+        t = 50 + i * period
+        span("user_annotation", "ext::wait", 1, t, 3000)
+        span("python_function", "<built-in function perf_counter>", 1, t + 2, 1)
+        if bytecode:
+            span("python_function", "app.py(10): spin", 1, t + 5, 2990)
+        span("python_function", "<built-in function perf_counter>", 1, t + 2996, 1)
+        for k in range(3000, 5000, 4):
+            span("python_function", "app.py(20): helper", 1, t + k, 2)
+        for k in range(3050, 4950, 40):
+            span("python_function", "app.py(31): tick", 2, t + k, 3)
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+@pytest.mark.parametrize("bytecode", [False, True])
+def test_a_stretch_with_no_call_is_native_only_between_calls(bytecode, tmp_path):
+    con = db.connect(None)
+    ingest(con, [_waits_timeline(tmp_path / "waits.json", bytecode)])
+    found, _ = run_rule(con, "H002")
+    if bytecode:
+        # thread 1 runs its own Python there: the GIL is shared by design, nobody is blamed
+        assert found == []
+    else:
+        assert [f.locality["op"] for f in found] == ["ext::wait"]
+        assert found[0].locality["tid"] == 2 and "worker" in found[0].title
