@@ -48,15 +48,46 @@ frames AS (
 ), around AS (  -- the innermost annotation or op that encloses each call
     SELECT waits.event_id, arg_min(ops.event_id, ops.dur_ns) AS op_id, arg_min(ops.name, ops.dur_ns) AS op
     FROM waits JOIN ops ON ops.ts_ns <= waits.ts_ns AND ops.end_ns >= waits.end_ns GROUP BY waits.event_id
-), named AS (  -- named after it when it holds no other call of that native function
+), named_calls AS (  -- named after it when it holds no other call of that native function
     SELECT waits.*,
            coalesce(CASE WHEN count(*) OVER (PARTITION BY around.op_id, waits.native) = 1 THEN around.op END,
                     waits.native) AS op
     FROM waits LEFT JOIN around USING (event_id)
+), bounds AS (  -- every start and end of the thread's activity: a thread running bytecode makes calls
+    SELECT ts_ns AS t FROM events
+    WHERE run_id = $run_id AND pid = $pid AND tid = $window_tid AND kind IN {ACTIVITY_KINDS}
+    UNION ALL
+    SELECT end_ns FROM events
+    WHERE run_id = $run_id AND pid = $pid AND tid = $window_tid AND kind IN {ACTIVITY_KINDS}
+), gaps AS (SELECT t AS lo, lead(t) OVER (ORDER BY t) AS hi FROM bounds),
+typical_gap AS (SELECT median(hi - lo) AS ns FROM gaps WHERE hi > lo),
+silences AS (  -- stretches with no call far longer than the thread's own typical gap: native code
+    SELECT lo, hi FROM gaps, typical_gap WHERE hi - lo >= $silence_factor * typical_gap.ns
+), silence_in AS (  -- the innermost annotation or op around each silence
+    SELECT s.lo, s.hi, arg_min(ops.event_id, ops.dur_ns) AS op_id, arg_min(ops.name, ops.dur_ns) AS op
+    FROM silences s JOIN ops ON ops.ts_ns <= s.lo AND ops.end_ns >= s.hi GROUP BY s.lo, s.hi
+), silence_frame AS (  -- and the innermost Python frame around it
+    SELECT s.lo, s.hi, arg_min(f.event_id, f.dur_ns) AS frame_id, arg_min(f.name, f.dur_ns) AS frame
+    FROM silence_in s JOIN frames f ON f.ts_ns <= s.lo AND f.end_ns >= s.hi GROUP BY s.lo, s.hi
+), silent_calls AS (  -- a call that leaves no frame (ctypes) between two calls of a Python frame, one per op:
+    -- silence in a frame that calls nothing is its own bytecode, and a C-function frame is a window above
+    SELECT arg_max(s.op_id, s.hi - s.lo) AS event_id, arg_max(s.lo, s.hi - s.lo) AS ts_ns,
+           arg_max(s.hi, s.hi - s.lo) AS end_ns, max(s.hi - s.lo) AS dur_ns,
+           'native call with no frame in ' || regexp_replace(arg_max(sf.frame, s.hi - s.lo), '{ADDRESS}', '')
+               AS native, s.op
+    FROM silence_in s JOIN silence_frame sf USING (lo, hi)
+    WHERE NOT starts_with(sf.frame, '<built-in')
+      AND EXISTS (SELECT 1 FROM frames c WHERE c.parent_id = sf.frame_id)
+      AND NOT EXISTS (SELECT 1 FROM named_calls n JOIN ops o ON o.event_id = s.op_id
+                      WHERE n.ts_ns >= o.ts_ns AND n.end_ns <= o.end_ns)
+    GROUP BY s.op_id, s.op
+), named AS (
+    SELECT event_id, ts_ns, end_ns, dur_ns, native, op FROM named_calls
+    UNION ALL SELECT event_id, ts_ns, end_ns, dur_ns, native, op FROM silent_calls
 )"""
 
 # the parameters WINDOWS_CTE reads
-WINDOW_KEYS = ("run_id", "pid", "window_tid", "min_window_ns", "gil_free")
+WINDOW_KEYS = ("run_id", "pid", "window_tid", "min_window_ns", "gil_free", "silence_factor")
 
 # Window ops per (thread A, thread B) pair, most window time first. $min_window_ns is B's own scale.
 CANDIDATES_SQL = f"""
@@ -144,6 +175,20 @@ SELECT event_id FROM named
 WHERE list_contains($window_ops, [op, native]) AND ts_ns >= $lo AND end_ns <= $hi
 ORDER BY dur_ns DESC, event_id LIMIT 5
 """
+
+
+# A thread's entry point: its longest Python frame outside the threading module (`transfer_worker`).
+ENTRY_SQL = f"""
+SELECT regexp_replace(name, '{ADDRESS}', '') AS name FROM python_functions
+WHERE run_id = $run_id AND pid = $pid AND tid = $tid AND NOT starts_with(name, 'threading.py(')
+  AND NOT starts_with(name, '<built-in')
+ORDER BY dur_ns DESC, event_id LIMIT 1
+"""
+
+
+def entry_frame(con, run_id: int, pid: int, tid: int) -> str | None:
+    found = one(con, ENTRY_SQL, {"run_id": run_id, "pid": pid, "tid": tid})
+    return found.name if found else None
 
 
 def threads(con, run_id: int, params) -> list:
@@ -253,6 +298,7 @@ def _pair(con, run_id, params, a, b, unit_name) -> Pair | None:
         "thread_tid": b.tid,
         "min_window_ns": min_window_ns(b, params),
         "gil_free": GIL_FREE_WAITS,
+        "silence_factor": params["silence_factor"],
         "unit_name": unit_name,
     }
     ops = rows(con, CANDIDATES_SQL, {k: base[k] for k in WINDOW_KEYS} | {"min_windows": params["min_windows"]})

@@ -6,15 +6,23 @@ every other Python thread of the process (B) stops until it returns. Windows are
 which A runs no Python: C-function frames (`<built-in method intranode_dispatch ...>`, a pybind11
 method) with no Python frame below them, named after the innermost `record_function` annotation or op
 around them that holds no other call of that function (`deepep_like::intranode_dispatch`), else after
-the frame. Python frames are never windows (two threads that both run Python share the GIL by
-design), nor are waits that release the GIL by design (`time.sleep`, lock/queue/select waits), calls
-that are mostly one op's own work (`relu` around `aten::relu`) or the profiler's own bookkeeping.
+the frame. A call that leaves no frame (a `ctypes` function) shows as a stretch in which A starts and
+ends nothing for at least `silence_factor` times its own median gap between activity boundaries (a
+thread running bytecode makes calls every few µs; one with no call for milliseconds is in native code),
+inside a `record_function` range or op, between two calls of one Python frame: such a stretch is a
+window too, named after the range (the longest one per range). Python frames are never windows (two
+threads that both run Python share the GIL by design; a stretch inside a frame that calls nothing is
+that frame's own bytecode), nor are waits that release the GIL by design (`time.sleep`,
+lock/queue/select waits), calls that are mostly one op's own work (`relu` around `aten::relu`) or the
+profiler's own bookkeeping.
 
-For each other thread B of the same pid with Python activity, a call is long enough to test when B
-would start `min_expected_starts` events in it at its own mean rate (so the window length comes
-from B, not from a fixed threshold). Each window op (op name and native function) that occurs at
-least `min_windows` times is measured over all its windows together, from the first to the last
-(inside B's own active span):
+For each other thread B of the same pid with Python activity, a C-function call is long enough to test
+when B would start `min_expected_starts` events in it at its own mean rate (so the window length comes
+from B, not from a fixed threshold). A stretch with no call is already long on A's own scale and is
+not held to B's mean rate: a starved B has a low mean rate because it is starved.
+
+Each window op (op name and native function) that occurs at least `min_windows` times is measured
+over all its windows together, from the first to the last (inside B's own active span):
 
 - B's activity rate (starts of its `python_function`, `user_annotation`, `cpu_op` and CUDA runtime
   events, per ms) inside the windows vs outside them; `observed` is the ratio in/out;
@@ -36,10 +44,15 @@ released around a 0.1-5 ms wait, polling a flag with no CUDA call or polling `cu
 two native ops per layer, a transfer thread (Python, a side-stream copy, `event.synchronize()`, a
 sleep), a Python-only thread or none: every held cell with a second thread is a warning naming
 `kv_transfer` and the op(s), every other cell is quiet, in both directions. Also on the project's
-`gil_hold`/`gil_release` samples and the corpus traces without a second Python thread.
+`gil_hold`/`gil_release` samples and the corpus traces without a second Python thread. And on two H200
+runs made outside the project (`../shared/reference/experiments/exp_gil.py`): a `ctypes` `usleep` of
+3 ms inside `record_function("deep_ep::intranode_dispatch(sim)")`, through `PyDLL` (GIL held: the
+transfer thread ran 8 times in 0.7 s, never inside a wait; a warning) or `CDLL` (released: quiet).
 
-Not covered: a wait through `ctypes` leaves no C-function frame (only the caller's Python frame,
-which cannot be told from bytecode), and a wait inside a custom op's `cpu_op` counts as that op's work.
+Not covered: a `ctypes` wait alone in a Python function of its own (`def wait(): lib.usleep(n)`)
+cannot be told from that function's own bytecode, and a wait inside a custom op's `cpu_op` counts as
+that op's work. Kineto records no Python thread names (`threading.Thread(name=...)`): an unnamed
+starved thread is told by its entry frame (`transfer_worker`).
 
 ## Why it matters
 A native op that waits without `py::gil_scoped_release` (DeepEP `intranode_dispatch` in v1.2.1,
@@ -68,6 +81,9 @@ inside the windows than outside (the main thread's Python is out of its way) and
 - `max_rate_ratio` (0.5): report when the starved thread's in-window activity rate is at most
   this share of its outside rate.
 - `alpha` (0.001): and the larger of the two p-values (Poisson, silent windows) is below this.
+- `silence_factor` (1000): a stretch with no call is native code from this many times the thread's
+  median gap between activity boundaries (0.4-3 µs over the samples and the reference runs, so a
+  stretch of 0.4-3 ms; the reference waits are 3 ms, about 2800 times the holder's 1.1 µs).
 - `max_candidates` (8): window ops tried per pair of threads (the longest in total).
 - `report_clear` (false): also report checked pairs that are not significant, as `info` findings
   with the numbers (useful to confirm a fix).
@@ -108,6 +124,9 @@ ACCEPTED_RATIO = 0.8
             0.5, "report when the in-window rate is at most this share of the outside rate", "ratio"
         ),
         "alpha": Param(0.001, "significance level for the larger of the two p-values", "p"),
+        "silence_factor": Param(
+            1000.0, "a stretch with no call is native code from this many times the thread's median gap", "ratio"
+        ),
         "max_candidates": Param(8, "window ops tried per pair of threads", "ops"),
         "report_clear": Param(False, "also report checked, not significant pairs as info", ""),
         "critical_share": Param(
@@ -177,6 +196,12 @@ def _measurements(pair: _gil_windows.Pair, a_short: str) -> str:
     return text
 
 
+def _code_path(ctx, samples: list[int], pair: _gil_windows.Pair) -> list[str]:
+    path = ctx.code_path(samples[0], limit=7) if samples else []
+    # a native call's own frame names the variant (hold/release) and would give the fixed run another id
+    return path[1:] if path and path[0] in pair.natives else path
+
+
 def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
     row, stats, pid = pair.row, pair.stats, pair.pid
     a_name = ctx.thread_name(run.run_id, pid, pair.window_tid)
@@ -184,6 +209,14 @@ def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
     a_short, b_short = thread_label(a_name, pair.window_tid), thread_label(b_name, pair.starved_tid)
     if a_short == b_short:  # two threads both called `python3`: tell them apart by tid
         a_short, b_short = f"{a_short} (tid {pair.window_tid})", f"{b_short} (tid {pair.starved_tid})"
+    b_where = b_name or f"tid {pair.starved_tid}"
+    if not b_name or a_short.split(" (tid ")[0] == b_short.split(" (tid ")[0]:
+        # the OS name tells nothing (Python's thread names are not in the trace): say what the thread runs;
+        # in the locality it stands in for the name, so the finding keeps its id from run to run
+        entry = _gil_windows.entry_frame(con, run.run_id, pid, pair.starved_tid)
+        if entry:
+            b_short = f"tid {pair.starved_tid} running `{entry}`"
+            b_where = f"thread {pair.starved_tid} ({entry})"
     samples = _gil_windows.window_samples(con, pair)
     significant = stats["significant"]
     lost = _lost_ns(pair)
@@ -214,11 +247,9 @@ def _finding(con, params, ctx, run, pair: _gil_windows.Pair):
             run,
             pid=pid,
             tid=pair.starved_tid,
-            thread_name=b_name or f"tid {pair.starved_tid}",
+            thread_name=b_where,
             op=", ".join(pair.ops),
-            # the Python around the call; the call's own frame names the variant (hold/release) and would
-            # give the fixed run another id
-            code_path=ctx.code_path(samples[0], limit=7)[1:] if samples else [],
+            code_path=_code_path(ctx, samples, pair),
             window_ns=[row.first_ns, row.last_ns],
         ),
         observed=Quantity(
