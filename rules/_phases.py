@@ -67,6 +67,12 @@ def _splits(con, ctx) -> dict[int, RunSplit]:
     return _SPLITS[ctx]
 
 
+def phases_table(con, ctx) -> str:
+    """The name of the table holding this analysis's `run_phases` rows."""
+    _splits(con, ctx)
+    return PHASES_TABLE
+
+
 def split(con, ctx, run_id: int) -> RunSplit:
     return _splits(con, ctx).get(run_id) or RunSplit(0, 0, False)
 

@@ -39,11 +39,11 @@ collective on a side stream (`async_op=True`) and wait for it just before its re
 - `critical_share` (0.2): severity critical when the exposed comm is at least this share of the run
   window; a device reported by `min_exposed_share` is a warning, one reported only for its overlap
   % an info.
-- `max_idle_to_exposed` (5.0): a finding is held at info when, in the device's steady steps, the GPU
+- `max_idle_to_exposed` (5.0): a finding is held at info when, in the run's steady time, the GPU
   idles more than this many times as long as its communication is exposed: the step is bound by what
   keeps the GPU idle (host work, G001), and hiding the collective would not shorten it. On the
-  corpus the host-bound DDP run (hta nccl_data) idles 12.9x its exposed comm; the runs where the
-  exposed comm is on the critical path 0.4-2.1x (HTA's trace_diff pair, df_index_resolver, the TP2
+  corpus the host-bound DDP run (hta nccl_data) idles 14.4x its exposed comm; the runs where the
+  exposed comm is on the critical path 1.3-2.3x (HTA's trace_diff pair, df_index_resolver, the TP2
   sample).
 - `all_phases` (False): measure every phase of the run. By default a communication kernel mostly
   inside a warm-up, capture or profiler window (`run_phases`) is not counted, and shares are of the
@@ -82,7 +82,7 @@ WAITING = 0.5  # share of the exposed time spent waiting for a peer from which t
         ),
         "max_idle_to_exposed": Param(
             5.0,
-            "held at info when the device idles more than this many times the exposed comm in its steady steps "
+            "held at info when the device idles more than this many times the exposed comm in the steady time "
             "(the step is bound elsewhere)",
             "ratio",
         ),
@@ -123,17 +123,24 @@ def check(con, params, ctx):
             yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
 
 
-# GPU idle over exposed communication in the run's steady steps on `device` (from `steps`, which
-# measures the main device); None when the device is not the one `steps` measures or nothing is exposed.
-IDLE_TO_EXPOSED_SQL = """
-SELECT sum(idle_ns) / nullif(sum(comm_exposed_ns), 0) AS ratio FROM steps
-WHERE run_id = $run_id AND device = $device AND phase = 'steady'
+# The device's GPU busy time inside the run's steady pieces (`run_phases`, read from this analysis's
+# table): with the steady time it gives the idle time that C001 weighs exposed communication against.
+STEADY_BUSY_SQL = """
+SELECT coalesce(sum(least(b.end_ns, p.end_ns) - greatest(b.start_ns, p.start_ns)), 0) AS busy_ns
+FROM gpu_busy b JOIN {phases} p ON p.run_id = b.run_id AND p.phase = 'steady'
+ AND b.start_ns < p.end_ns AND b.end_ns > p.start_ns
+WHERE b.run_id = $run_id AND b.device = $device
 """
 
 
-def _idle_to_exposed(con, run_id: int, device: int) -> float | None:
-    ratio = one(con, IDLE_TO_EXPOSED_SQL, {"run_id": run_id, "device": device}).ratio
-    return float(ratio) if ratio is not None else None
+def _idle_to_exposed(con, ctx, run, device: int, window: int, exposed: int, params) -> float | None:
+    """The device's idle time in the measured window over its exposed communication; None when nothing
+    is exposed or every phase is measured (then there is no steady split to weigh against)."""
+    if not exposed or params["all_phases"]:
+        return None
+    phases = _phases.phases_table(con, ctx)
+    busy = one(con, STEADY_BUSY_SQL.replace("{phases}", phases), {"run_id": run.run_id, "device": device}).busy_ns
+    return max(window - int(busy), 0) / exposed
 
 
 def _unrecognised_collectives(con, ctx, world, with_comm):
@@ -279,13 +286,13 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
         severity = "critical"
     else:
         severity = "warning" if share >= params["min_exposed_share"] else "info"
-    bound_elsewhere = _idle_to_exposed(con, run.run_id, device)
+    bound_elsewhere = _idle_to_exposed(con, ctx, run, device, window, exposed, params)
     caveats = [note] if note else []
     if bound_elsewhere is not None and bound_elsewhere > params["max_idle_to_exposed"]:
         # hiding the collective cannot shorten a step whose GPU mostly waits for something else
         severity = "info"
         caveats.append(
-            f"in its steady steps the device idles {bound_elsewhere:.1f}x as long as its communication is exposed: "
+            f"in the steady time the device idles {bound_elsewhere:.1f}x as long as its communication is exposed: "
             "the step is bound by what keeps the GPU idle (see G001), so hiding this communication would not "
             "shorten it; fix the idle time first"
         )
