@@ -72,10 +72,11 @@ from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _phases
 from tracekit.units import duration
 
-# The run's repeated blocking call sites (thread, call, region, issuing op) over the thresholds; region
-# and op are name keys, so an annotation carrying a per-run id is one site (the events keep the raw name).
+# The run's repeated blocking call sites (thread, call, region, issuing op) over the thresholds; the op
+# is grouped by its name key as the region already is, so an annotation carrying a per-run id is one site
+# (the events keep the raw name).
 SITES_SQL = """
-SELECT pid, tid, call, name_key(region) AS region, name_key(site) AS site, any_value(blocking) AS blocking,
+SELECT pid, tid, call, region, name_key(site) AS site, any_value(blocking) AS blocking,
        bool_or(critical_thread) AS critical_thread,
        count(*) AS calls, count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
        sum(stalled_ns) AS stalled_ns, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
@@ -83,7 +84,7 @@ SELECT pid, tid, call, name_key(region) AS region, name_key(site) AS site, any_v
        list(event_id ORDER BY greatest(charged_idle_ns, stalled_ns) DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
        median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
 FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases) WHERE run_id = $run_id
-GROUP BY pid, tid, call, name_key(region), name_key(site)
+GROUP BY pid, tid, call, region, name_key(site)
 HAVING count(*) >= $min_calls AND greatest(sum(charged_idle_ns), sum(stalled_ns)) >= $min_share * $window
 ORDER BY greatest(sum(charged_idle_ns), sum(stalled_ns)) DESC, region, site, call
 """
@@ -96,7 +97,7 @@ SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, sum(stalled_ns) AS stalled_ns,
        min(ts_ns) AS first_ns, max(end_ns) AS last_ns
 FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases)
 WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
-  AND name_key(region) IS NOT DISTINCT FROM $region AND name_key(site) = $site
+  AND region IS NOT DISTINCT FROM $region AND name_key(site) = $site
 """
 
 

@@ -156,10 +156,9 @@ WITH _launches AS MATERIALIZED (
 ), _stalls AS (
     SELECT event_id, end_ns - start_ns - busy_ns AS stalled_ns FROM busy_between('_critical_calls', '_main_busy')
 ), _annotated AS (
-    -- a live object's address (`<lambda> object at 0x7efb...`) or a `#N` counter would make one region
-    -- per call
-    SELECT b.event_id, arg_max(regexp_replace(regexp_replace(u.name, ' at 0x[0-9a-fA-F]+', ''), '#[0-9]+$', ''), u.depth)
-             AS region
+    -- by its name key: a live object's address (`<lambda> object at 0x7efb...`), a `#N` counter or a
+    -- per-run op id would make one region per call
+    SELECT b.event_id, arg_max(name_key(u.name), u.depth) AS region
     FROM _blocking b JOIN events u
       ON u.run_id = b.run_id AND u.pid = b.pid AND u.tid = b.tid AND u.ts_ns <= b.ts_ns AND u.end_ns >= b.end_ns
     WHERE u.kind = 'user_annotation' AND u.name NOT LIKE 'ProfilerStep#%'
@@ -286,7 +285,7 @@ CREATE OR REPLACE VIEW host_blocking(
     -- waited for a gap, from the waiting call's return to the gap's end; 0 for every other call
     charged_idle_ns,
     -- the innermost region the call ran in: the enclosing user annotation (`record_function`, NVTX
-    -- range; a trailing `#N` and object addresses dropped, `ProfilerStep#N` skipped: it names the
+    -- range; by `name_key`, so counters, addresses and per-run ids are masked; `ProfilerStep#N` skipped: it names the
     -- step, not the code) of greatest depth on the call's thread, else the innermost `nn.Module: ...`
     -- Python frame; NULL when neither encloses it. A site is the region and the op:
     -- `## sparse_data_dist ##` says which part of the step copies, `aten::copy_` only how
