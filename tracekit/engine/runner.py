@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tracekit.engine import quality
 from tracekit.engine.registry import DataQuality, Rule, all_rules, get_rule
+from tracekit.engine.shared_views import computed_once
 from tracekit.engine.toolkit import Context
 from tracekit.findings.model import Finding
 
@@ -22,9 +23,14 @@ def missing_inputs(con, rule: Rule) -> list[str]:
 
 def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | None = None):
     """Returns (findings, data_quality notes) from the selected rules (all when select is None)."""
+    rules = [get_rule(k) for k in select] if select else all_rules()
+    with computed_once(con):
+        return _run(con, rules, params or {})
+
+
+def _run(con, rules: list[Rule], params: dict[str, dict]):
     import duckdb
 
-    rules = [get_rule(k) for k in select] if select else all_rules()
     ctx = Context(con)
     findings: list[Finding] = []
     notes: list[DataQuality] = quality.notes(ctx)
@@ -33,7 +39,7 @@ def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | No
         if missing:
             notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
             continue
-        values = rule.resolve_params((params or {}).get(rule.code, {}))
+        values = rule.resolve_params(params.get(rule.code, {}))
         produced: list = []
         try:
             produced.extend(rule.check(con, values, ctx))
