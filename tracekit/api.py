@@ -563,15 +563,11 @@ class _Database:
 
 def _run_tables(target, source) -> list[tuple[str, list[str]]]:
     """(table, columns both databases have) for every table of `target` with a run_id column."""
-    query = (
-        "SELECT table_name, list(column_name ORDER BY column_index) FROM duckdb_columns() "
-        "WHERE database_name = current_database() AND schema_name = 'main' AND NOT internal "
-        "AND table_name IN (SELECT table_name FROM duckdb_tables() WHERE database_name = current_database() "
-        "AND schema_name = 'main' AND NOT temporary) GROUP BY table_name ORDER BY table_name"
-    )
-    theirs = dict(source.relation(query).fetchall())
+    from tracekit.db.connection import table_columns
+
+    theirs = table_columns(source.con)
     out = []
-    for table, columns in target.relation(query).fetchall():
+    for table, columns in table_columns(target.con).items():
         shared = [c for c in columns if c in set(theirs.get(table, ()))]
         if "run_id" in shared and table != "findings":
             out.append((table, shared))
