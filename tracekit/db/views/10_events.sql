@@ -107,14 +107,14 @@ CREATE OR REPLACE VIEW cpu_ops(
     -- the event's args
     args
 ) AS
+-- the args read in one pass (one `->` per key parses the JSON once per key)
 SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, pid, tid, external_id, parent_id, depth,
-       CAST(coalesce(args->'Input Dims', args->'Input dims') AS VARCHAR),
-       CAST(args->'Input type' AS VARCHAR),
-       CAST(args->'Concrete Inputs' AS VARCHAR),
-       TRY_CAST(args->>'Sequence number' AS BIGINT),
-       TRY_CAST(args->>'Fwd thread id' AS BIGINT),
+       CAST(coalesce(_op[1], _op[2]) AS VARCHAR), CAST(_op[3] AS VARCHAR), CAST(_op[4] AS VARCHAR),
+       TRY_CAST(_op[5] AS BIGINT), TRY_CAST(_op[6] AS BIGINT),
        args
-FROM events WHERE kind = 'cpu_op';
+FROM (SELECT *, json_extract(args, ['Input Dims', 'Input dims', 'Input type', 'Concrete Inputs', 'Sequence number',
+                                    'Fwd thread id']) AS _op
+      FROM events WHERE kind = 'cpu_op');
 
 -- CUDA/HIP runtime and driver calls (and MTIA runtime).
 CREATE OR REPLACE VIEW runtime_calls(
@@ -181,9 +181,8 @@ CREATE OR REPLACE VIEW python_functions(
     python_parent_id
 ) AS
 SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, pid, tid, parent_id, depth,
-       TRY_CAST(args->>'Python id' AS BIGINT),
-       TRY_CAST(args->>'Python parent id' AS BIGINT)
-FROM events WHERE kind = 'python_function';
+       TRY_CAST(_py[1] AS BIGINT), TRY_CAST(_py[2] AS BIGINT)
+FROM (SELECT *, json_extract(args, ['Python id', 'Python parent id']) AS _py FROM events WHERE kind = 'python_function');
 
 -- Events of runtime-event logs (JSON Lines), on their run's clock.
 --

@@ -50,14 +50,12 @@ CREATE OR REPLACE VIEW kernels(
     -- the event's args
     args
 ) AS
+-- the launch configuration in one pass over the args (one `->>` per key parses the JSON once per key:
+-- 2.5x the cost on a 1 GB trace)
 SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlation, external_id,
-       args->>'grid', args->>'block',
-       TRY_CAST(args->>'registers per thread' AS INTEGER),
-       TRY_CAST(args->>'shared memory' AS BIGINT),
-       TRY_CAST(args->>'blocks per SM' AS DOUBLE),
-       TRY_CAST(args->>'warps per SM' AS DOUBLE),
-       TRY_CAST(args->>'est. achieved occupancy %' AS DOUBLE),
-       TRY_CAST(args->>'graph id' AS BIGINT),
+       _launch[1], _launch[2], TRY_CAST(_launch[3] AS INTEGER), TRY_CAST(_launch[4] AS BIGINT),
+       TRY_CAST(_launch[5] AS DOUBLE), TRY_CAST(_launch[6] AS DOUBLE), TRY_CAST(_launch[7] AS DOUBLE),
+       TRY_CAST(_launch[8] AS BIGINT),
        (name ILIKE 'nccl%' OR name ILIKE '%nccl%Kernel%' OR name ILIKE 'rccl%' OR name ILIKE 'msccl%'
         OR name ILIKE '%cross_device_reduce%' OR name ILIKE '%custom_all_reduce%'
         OR name ILIKE '%multimem_all_reduce%' OR name ILIKE '%multimem_one_shot%' OR name ILIKE '%multimem_all_gather%'
@@ -67,7 +65,9 @@ SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlatio
         OR name LIKE '%allreduce_fusion_kernel%' OR name ILIKE '%nvshmem%' OR name ILIKE '%mscclpp%'
         OR name LIKE '%userbuffers_%'),
        args
-FROM events WHERE kind = 'kernel';
+FROM (SELECT *, json_extract_string(args, ['grid', 'block', 'registers per thread', 'shared memory', 'blocks per SM',
+                                           'warps per SM', 'est. achieved occupancy %', 'graph id']) AS _launch
+      FROM events WHERE kind = 'kernel');
 
 -- Kernels, memcpys and memsets with a duration: the work that makes a device busy.
 CREATE OR REPLACE VIEW gpu_activities(
