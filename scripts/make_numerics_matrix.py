@@ -208,6 +208,7 @@ def main(argv: list[str]) -> int:
     ])  # fmt: skip
     cells = {
         "command": "python scripts/make_numerics_matrix.py tests/data/numerics_matrix",
+        "rules": ["N001", "N002", "N003"],
         "device": device, "torch_version": torch.__version__,
         "reports": {
             "fla_style.csv": {"tf32_signature": True, "conditions": ["T", "dist", "precision", "cp"]},
