@@ -107,9 +107,24 @@ def current_memory_hint(con) -> int:
 
 
 def insert_rows(con, table: str, run_id: int, fields: tuple[str, ...], rows: list[list]) -> None:
-    """Append rows (values in `fields` order) to a run's table; for the small tables reports fill."""
+    """Append rows (values in `fields` order) to a run's table; for the tables reports fill."""
     if not rows:
         return
     cols = ", ".join(("run_id",) + tuple(fields))
-    marks = ", ".join("?" * (len(fields) + 1))
-    con.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", [[run_id, *row] for row in rows])
+    import pyarrow as pa
+
+    # one columnar insert: executemany costs about 0.1 ms a row (1.5 s for a 15k-row Nsight Compute page)
+    try:
+        batch = pa.table(
+            {"run_id": pa.array([run_id] * len(rows), pa.int32())}
+            | {name: pa.array([row[i] for row in rows]) for i, name in enumerate(fields)}
+        )
+    except (pa.ArrowInvalid, pa.ArrowTypeError):  # a column mixing types: let DuckDB cast each value
+        marks = ", ".join("?" * (len(fields) + 1))
+        con.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", [[run_id, *row] for row in rows])
+        return
+    con.register("_tracekit_insert_batch", batch)
+    try:
+        con.execute(f"INSERT INTO {table} ({cols}) SELECT * FROM _tracekit_insert_batch")
+    finally:
+        con.unregister("_tracekit_insert_batch")
