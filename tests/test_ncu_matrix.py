@@ -7,6 +7,7 @@ the counters that show the repetition and its roofline; the per-head and pre-nor
 from __future__ import annotations
 
 import csv
+import functools
 import json
 
 import jsonschema
@@ -30,11 +31,17 @@ def load(path):
     return con
 
 
+@functools.cache
+def matrix_report(path):
+    """A matrix page's database, ingested once for every test that only reads it."""
+    return load(path)
+
+
 @pytest.fixture(scope="module", params=[(r, p) for r in REPORTS for p in PAGES], ids=lambda rp: ".".join(rp))
 def report(request):
     name, page = request.param
     path = MATRIX / f"{name}.{page}.csv"
-    return name, page, path, load(path)
+    return name, page, path, matrix_report(path)
 
 
 def test_every_row_of_both_pages_is_ingested(report):
@@ -58,7 +65,7 @@ def test_every_row_of_both_pages_is_ingested(report):
 def test_both_pages_give_the_same_launches():
     for name in REPORTS:
         raw, details = (
-            load(MATRIX / f"{name}.{page}.csv")
+            matrix_report(MATRIX / f"{name}.{page}.csv")
             .execute(
                 "SELECT launch_id, kernel, grid_size, block_size, registers, inst_executed, dram_bytes, duration_ns "
                 "FROM ncu_launches ORDER BY launch_id"
