@@ -25,10 +25,14 @@ WITH RECURSIVE calls AS (
            AND NOT list_contains(string_split($framework_namespaces, ','), split_part(name, '::', 1)) AS is_library
     FROM event_rows WHERE run_id = $run_id AND ph = 'X' AND pid IS NOT NULL AND kind NOT IN (
         'kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation', 'python_function')
+), has_library AS (
+    SELECT count(*) > 0 AS any_library FROM nodes WHERE is_library
 ), up(runtime_event_id, cur, hops) AS (
     SELECT c.runtime_event_id, r.parent_id, 0 FROM calls c JOIN nodes r ON r.id = c.runtime_event_id
     UNION ALL
-    SELECT u.runtime_event_id, p.parent_id, u.hops + 1 FROM up u JOIN nodes p ON p.id = u.cur WHERE u.hops < 64
+    -- past the nearest op only where a library op may be above it
+    SELECT u.runtime_event_id, p.parent_id, u.hops + 1 FROM up u JOIN nodes p ON p.id = u.cur, has_library h
+    WHERE (NOT p.is_op OR h.any_library) AND u.hops < 64
 ), by_tree AS (
     SELECT u.runtime_event_id, arg_min(u.cur, u.hops) FILTER (WHERE p.is_op) AS inner_id,
            arg_max(u.cur, u.hops) FILTER (WHERE p.is_library) AS library_id
