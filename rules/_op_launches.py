@@ -3,6 +3,10 @@ launch configuration (what K002 repeated-launches measures)."""
 
 from __future__ import annotations
 
+# Kineto's `Input type` of a tensor is its dtype name (`float`, `long int`, `c10::BFloat16`); other
+# arguments are `Scalar`, `ScalarList`, `TensorList`, `GenericList` or empty.
+_DTYPE = r"^(float|double|bool|c10::.+|((un)?signed |short |long )*(char|int|long|short)( int)?)$"
+
 # One row per (scope occurrence, inner op call identity, kernel, launch configuration): how often the
 # scope launched it. Each GPU activity counts once, by the call that launched it (`first_launches`);
 # launches are calls that launched one activity, outside CUDA graphs. The inner op is the nearest
@@ -13,7 +17,7 @@ from __future__ import annotations
 # so only the custom op's call sees the repeat. Inner op calls are the same call when their name key,
 # input dims, strides, types and scalar arguments are equal (as far as record_shapes recorded them).
 # Ops are named by their name key: a record_function op carrying a per-run id is one op.
-GROUPS_SQL = """
+GROUPS_SQL = f"""
 WITH RECURSIVE calls AS (
     SELECT runtime_event_id, any_value(runtime_name) AS runtime_name, any_value(external_id) AS external_id,
            count(*) AS gpu_work
@@ -50,21 +54,31 @@ WITH RECURSIVE calls AS (
     WHERE l.run_id = $run_id AND c.gpu_work = 1 AND NOT regexp_matches(c.runtime_name, 'GraphLaunch')
 ), occurrence AS (
     SELECT op_id, sum(gpu_dur_ns) AS op_gpu_ns FROM work WHERE op_id IS NOT NULL GROUP BY op_id
-), scalar_counts AS (
-    -- the op calls inside each library op occurrence, by call type (name key, input dims, strides,
-    -- types) and scalar arguments
-    SELECT o.event_id AS op_id, hash(name_key(d.name), d.input_dims, CAST(d.args->'Input Strides' AS VARCHAR),
-                                     d.input_types) AS call_type, d.concrete_inputs, count(*) AS n
+), body_calls AS (
+    -- the op calls inside each library op occurrence
+    SELECT o.event_id AS op_id, d.name, d.input_dims, d.input_types, d.concrete_inputs,
+           CAST(d.args->'Input Strides' AS VARCHAR) AS strides,
+           CAST(d.args->'Input Dims' AS JSON[]) AS dims, CAST(d.args->'Input type' AS VARCHAR[]) AS types,
+           CAST(d.args->'Concrete Inputs' AS VARCHAR[]) AS scalars
     FROM (SELECT DISTINCT library_id FROM by_tree WHERE library_id IS NOT NULL) s
     JOIN cpu_ops o ON o.event_id = s.library_id
     JOIN cpu_ops d ON d.run_id = o.run_id AND d.pid = o.pid AND d.tid = o.tid AND d.ts_ns >= o.ts_ns
      AND d.end_ns <= o.end_ns AND d.event_id <> o.event_id
-    GROUP BY ALL
+), scalar_counts AS (
+    -- by call type (name key, input dims, strides, types) and scalar arguments; opaque: a 0-dim
+    -- tensor input whose value the trace does not record (a Python number wrapped as a tensor,
+    -- `positions + g * n`), so equal calls may still differ
+    SELECT op_id, hash(name_key(name), input_dims, strides, input_types) AS call_type, concrete_inputs,
+           len(list_filter(range(1, len(types) + 1), lambda j: CAST(dims[j] AS VARCHAR) = '[]'
+               AND regexp_matches(types[j], '{_DTYPE}') AND coalesce(scalars[j], '') = '')) > 0 AS opaque,
+           count(*) AS n
+    FROM body_calls GROUP BY ALL
 ), varying AS (
-    -- call types made with more than one set of scalar arguments: a loop index or offset, when a
-    -- value's count is not a whole number of copies (below)
-    SELECT op_id, sum(n) AS n, list(n) AS per_value FROM scalar_counts GROUP BY op_id, call_type
-    HAVING count(*) > 1
+    -- call types made with more than one set of scalar arguments (a loop index or offset, when a
+    -- value's count is not a whole number of copies: below) or with an unrecorded scalar
+    SELECT op_id, sum(n) AS n, list(n) AS per_value, bool_or(opaque) AS opaque
+    FROM scalar_counts GROUP BY op_id, call_type
+    HAVING count(*) > 1 OR bool_or(opaque)
 ), grouped AS (
 SELECT w.op_id, name_key(o.name) AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
        name_key(i.name) AS inner_op, i.input_dims AS inner_shapes, min(i.ts_ns) - o.ts_ns AS inner_offset_ns,
@@ -86,7 +100,7 @@ GROUP BY w.op_id, o.name, o.input_dims, o.pid, o.tid, o.ts_ns, i.name, i.input_d
 -- of a split) to a call the body makes a whole number of times per copy: they read different data
 SELECT g.*, EXISTS (
     SELECT 1 FROM varying v WHERE v.op_id = g.op_id AND g.launches > 1 AND v.n % g.launches = 0
-       AND len(list_filter(v.per_value, lambda c: c % g.launches <> 0)) > 0
+       AND (v.opaque OR len(list_filter(v.per_value, lambda c: c % g.launches <> 0)) > 0)
 ) AS loop_variant
 FROM grouped g
 """
@@ -148,10 +162,11 @@ SELECT p.op, p.input_shapes, c.occurrences, p.repeat_ns, p.repeated, p.launches,
 FROM per_op p JOIN op_calls c ON c.op = p.op AND c.input_shapes IS NOT DISTINCT FROM p.input_shapes
 """
 
-# The repeat rows of one run over the thresholds, from the run's groups in GROUPS_TABLE.
+# The repeat rows of one run over the thresholds, from the run's groups in GROUPS_TABLE; the floor is a
+# share of the run's kernel time, not of its window, which a launch-bound run leaves mostly idle.
 REPEATS_SQL = (
     f"WITH groups AS (SELECT * FROM {GROUPS_TABLE}), {_REPEATS_BODY}"
-    "WHERE p.repeat_ns >= $min_share * $window\n"
+    "WHERE p.repeat_ns >= $min_share * (SELECT coalesce(sum(dur_ns), 0) FROM kernels WHERE run_id = $run_id)\n"
     "ORDER BY p.repeat_ns DESC, p.op, p.input_shapes"
 )
 

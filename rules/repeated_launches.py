@@ -17,18 +17,19 @@ calls that repeat, and the share of those calls' GPU time the repeats take.
 
 It stays quiet where identical launches are how the work is done: CUDA-graph replays (a
 `cudaGraphLaunch` matches every kernel of the graph, so a call that matched more than one GPU
-activity is skipped, as are kernels with a `graph id`), ops of PyTorch itself (an `aten::lstm`
-looping over time steps, an autograd node, a compiled region: never a scope, so torch.compile's
-repeated layers, each under its own kernel's op, count once per layer), op families that chunk a
-tensor list into identical launches (`_foreach_*`, `multi_tensor_apply`, fused optimizers:
-`skip_ops`, matched on the op and the inner op), library primitives that make one identical launch
-per pass or per tensor (CUB radix-sort passes and scans, cuDNN layout transforms, FFT stages:
-`skip_kernels`), loops over slices (inside the library op, a call made a whole number of times per
-copy with scalar arguments that change between copies, such as `x[g]`, a slice offset or the chunks
-of a split: the copies read different data), and warm-up searches (cuDNN benchmark mode, Triton
-autotuning) that repeat kernels only the first time an op meets a shape: a repeat must occur in at
-least `min_occurrences` calls and in at least `min_occurrence_share` of the calls of the op with
-those input shapes.
+activity is skipped, as are kernels with a `graph id`), ops of PyTorch itself and compiled regions
+(an `aten::lstm` looping over time steps, an autograd node, `CompiledFunction`: never a scope, so
+torch.compile's repeated layers, each under its own kernel's op, count once per layer), op families
+that chunk a tensor list into identical launches (`_foreach_*`, `multi_tensor_apply`, fused
+optimizers: `skip_ops`, matched on the op and the inner op), library primitives that make one
+identical launch per pass or per tensor (CUB radix-sort passes and scans, cuDNN layout transforms,
+FFT stages: `skip_kernels`), loops over slices or offsets (inside the library op, a call made a
+whole number of times per copy with scalar arguments that change between copies, such as `x[g]`,
+a slice offset or the chunks of a split, or with a 0-dim tensor whose value the trace does not
+record, such as the Python number of `positions + g * n`: the copies may read different data), and
+warm-up searches (cuDNN benchmark mode, Triton autotuning) that repeat kernels only the first time
+an op meets a shape: a repeat must occur in at least `min_occurrences` calls and in at least
+`min_occurrence_share` of the calls of the op with those input shapes.
 
 ## Why it matters
 A kernel launched twice with the same configuration on equal inputs from the same op call, every
@@ -46,24 +47,36 @@ custom op `mylib::rope_cache_r4` builds the same cos/sin table for 2048 position
 call (`positions.float()`, `torch.outer`, `cos`, `sin`, `cat`), then a 64x4096x4096 bf16 matmul
 runs, for 8 decode steps. Each of the five aten ops launches once per iteration, so the nearest op
 never repeats; the custom op's call launches each kernel 4x: 15 extra launches per call, about 73%
-of the op's GPU time. The GPU is idle most of this launch-bound run, so the repeats are 0.5% of the
-window: info. Its healthy twin `single_rope_cache.json.gz` (one table per call) is quiet.
+of the op's GPU time and half the run's. The GPU is idle most of this launch-bound run, so the
+repeats are 0.5% of the window: info. Its healthy twin `single_rope_cache.json.gz` (one table per
+call) is quiet.
 
 ## Checked on
-The project's H200 traces (eager and CUDA-graph decode, TP=2, GIL, transfer, pageable-copy and
-warm-up runs, the rotary-cache pair) and the public Kineto corpus: torch.compile training runs
+A matrix of H200 runs (tests/data/launch_matrix, `scripts/make_repeated_launch_matrix.py`, 8 decode
+steps each): the table rebuilt 2x per call, 4x without record_shapes, and 4x per call in a
+torch.compile'd 4-layer model (Inductor merges the layers' equal calls of the op into one per step)
+are reported with their copies per call; one table per head group at `positions + g * 2048`, from
+`positions[g]` or from the chunks of `torch.chunk`, and the compiled model building its table once
+per call (its Triton and GEMM kernels 4x per step, once per layer) are quiet. Also the
+project's H200 traces (eager and CUDA-graph decode, TP=2, GIL and overlap matrices, transfer,
+pageable-copy and warm-up runs) and the public Kineto corpus: torch.compile training runs
 (`CompiledFunction` regions), fbgemm embedding training with CUB radix-sort passes in
 `SplitLookupFunction` backward (3-4 `DeviceRadixSortOnesweepKernel` per call) and scans in
 `fbgemm::permute_*`, cuDNN `nchwToNhwcKernel` per tensor in `aten::convolution_backward` and
-benchmark-mode searches on the first convolution of each shape in ResNet-50 runs. Only the
-rotary-cache op is reported; the rest stay below the thresholds or in the exempt families.
+benchmark-mode searches on the first convolution of each shape in ResNet-50 runs: none reported,
+at any `min_share`. Not told apart: a loop over equal-sized tensors handed in as Python objects
+(layers' weights, experts) with nothing in the trace that varies between copies.
 
 ## Options
 - `min_occurrences` (3): the op must repeat the kernel in at least this many calls (steady state,
   not a one-off warm-up).
 - `min_occurrence_share` (0.5): ... and in at least this share of the calls of the op with the same
   input shapes (warm-up searches repeat only in the first).
-- `min_share` (0.005): report ops whose repeat GPU time is at least this share of the run window.
+- `min_share` (0.005): report ops whose repeat GPU time is at least this share of the run's kernel
+  time (summed over streams). Not of the window: a launch-bound decode leaves the GPU idle most of
+  it, so a repeat that is a quarter of the GPU work (the 2x rebuild of the matrix) is under 0.5% of
+  the window. No op outside the exempt families repeats in the corpus or the project's traces at
+  any share, so the floor only keeps trivia out.
 - `framework_namespaces` (`aten,prims,autograd,torch,profiler,c10d,_c10d_functional,c10d_functional,quantized,inductor`):
   comma-separated op namespaces of PyTorch itself: their ops are the framework's implementation,
   not code a user can hoist a computation out of, so they never scope the ops they call.
@@ -103,7 +116,7 @@ _SITE_PARAMS = ("skip_ops", "skip_kernels", "min_occurrences", "min_occurrence_s
             0.5, "share of the op's occurrences with these input shapes that must repeat it", "ratio"
         ),
         "min_share": Param(
-            0.005, "smallest repeat GPU time of an op, as a share of the run window, to report", "ratio"
+            0.005, "smallest repeat GPU time of an op, as a share of the run's kernel time, to report", "ratio"
         ),
         "framework_namespaces": Param(
             "aten,prims,autograd,torch,profiler,c10d,_c10d_functional,c10d_functional,quantized,inductor",
@@ -148,7 +161,7 @@ def _repeats(con, run, params) -> list:
         return rows(
             con,
             _op_launches.REPEATS_SQL,
-            {**_site_params(params), "min_share": params["min_share"], "window": run.window_ns},
+            {**_site_params(params), "min_share": params["min_share"], "run_id": run.run_id},
         )
     finally:
         con.execute(f"DROP TABLE IF EXISTS {table}")
@@ -199,7 +212,8 @@ def _finding(run, ctx, params, v) -> Finding:
     return Finding(
         rule="K002",
         severity=by_share(repeat_ns / run.window_ns, params),
-        confidence=0.6,
+        # without record_shapes the inner calls are told apart by name alone and no loop index shows
+        confidence=0.6 if shapes else 0.4,
         title=(
             f"{op} repeats {what} {copies:g}x per call with identical inputs and launch configuration in "
             f"{v.occurrences} of {v.all_occurrences} calls: {duration(repeat_ns)} of extra copies "
@@ -258,6 +272,11 @@ def _finding(run, ctx, params, v) -> Finding:
             "Kineto records neither kernel arguments nor tensor addresses: copies with the same shapes and "
             "launch configuration may still work on different data (one launch per chunk, layer or expert of "
             "equal size); confirm before removing any.",
+            *(
+                []
+                if shapes
+                else ["record_shapes was off: inner calls are matched by name only, and loop indices do not show."]
+            ),
         ],
         extra={
             "occurrences_with_repeats": int(v.occurrences),
