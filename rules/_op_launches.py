@@ -96,8 +96,9 @@ GROUP BY w.op_id, o.name, o.input_dims, o.pid, o.tid, o.ts_ns, i.name, i.input_d
          i.input_types, i.concrete_inputs, k.name, k.grid, k.block, k.shared_memory, k.registers_per_thread,
          k.device, k.stream
 )
--- the copies come from loop iterations that pass different scalars (x[g], a slice offset, the chunks
--- of a split) to a call the body makes a whole number of times per copy: they read different data
+-- loop_variant: the copies come from loop iterations that pass different scalars (x[g], a slice
+-- offset, the chunks of a split), or a scalar the trace does not show, to a call the body makes a
+-- whole number of times per copy: they may read different data
 SELECT g.*, EXISTS (
     SELECT 1 FROM varying v WHERE v.op_id = g.op_id AND g.launches > 1 AND v.n % g.launches = 0
        AND (v.opaque OR len(list_filter(v.per_value, lambda c: c % g.launches <> 0)) > 0)
@@ -131,33 +132,36 @@ per_shape AS (
            count(*) AS occurrences, any_value(s.occurrences) AS all_occurrences,
            sum(g.repeat_ns) AS repeat_ns, sum(g.launches) AS launches
     FROM groups g JOIN per_shape s ON s.op = g.op AND s.input_shapes IS NOT DISTINCT FROM g.input_shapes
-    WHERE g.launches > 1 AND NOT g.loop_variant AND NOT {_skipped("g.op", "$skip_ops")} AND NOT {_skipped("g.inner_op", "$skip_ops")}
-      AND NOT {_skipped("g.kernel", "$skip_kernels")}
+    WHERE g.launches > 1 AND NOT g.loop_variant AND NOT {_skipped("g.op", "$skip_ops")}
+      AND NOT {_skipped("g.inner_op", "$skip_ops")} AND NOT {_skipped("g.kernel", "$skip_kernels")}
     GROUP BY g.site
     HAVING count(*) >= $min_occurrences AND count(*) >= $min_occurrence_share * any_value(s.occurrences)
 ), repeats AS (
     SELECT g.* FROM groups g SEMI JOIN sites s ON s.site = g.site WHERE g.launches > 1
+), per_call AS (
+    SELECT op, input_shapes, op_id, any_value(op_gpu_ns) AS op_gpu_ns, any_value(op_ts_ns) AS op_ts_ns,
+           sum(repeat_ns) AS repeat_ns
+    FROM repeats GROUP BY ALL
 ), op_calls AS (
     SELECT op, input_shapes, count(*) AS occurrences, sum(op_gpu_ns) AS op_gpu_ns,
-           min(op_ts_ns) AS first_call_ns, max(op_ts_ns) AS last_call_ns
-    FROM (SELECT DISTINCT op, input_shapes, op_id, op_gpu_ns, op_ts_ns FROM repeats) GROUP BY ALL
+           min(op_ts_ns) AS first_call_ns, max(op_ts_ns) AS last_call_ns,
+           -- the worst call; ties go to the earliest, so the code path (and the finding id) is stable
+           arg_max(op_id, (repeat_ns, -op_ts_ns, -op_id)) AS worst_op
+    FROM per_call GROUP BY ALL
 ), per_op AS (
     SELECT op, input_shapes, sum(repeat_ns) AS repeat_ns, sum(launches - 1) AS repeated, sum(launches) AS launches,
-           max(launches) AS max_per_call,
-           -- the worst occurrence; ties go to the earliest, so the code path (and the finding id) is stable
-           arg_max(op_id, (repeat_ns, -op_ts_ns, -op_id)) AS worst_op,
-           list(DISTINCT pid) AS pids, list(DISTINCT tid) AS tids,
+           max(launches) AS max_per_call, list(DISTINCT pid) AS pids, list(DISTINCT tid) AS tids,
            list(DISTINCT device) AS devices, list(DISTINCT stream) AS streams
     FROM repeats GROUP BY ALL
 )
 SELECT p.op, p.input_shapes, c.occurrences, p.repeat_ns, p.repeated, p.launches, p.max_per_call, c.op_gpu_ns,
-       c.first_call_ns, c.last_call_ns, p.worst_op, p.pids, p.tids, p.devices, p.streams,
+       c.first_call_ns, c.last_call_ns, c.worst_op, p.pids, p.tids, p.devices, p.streams,
        (SELECT max(all_occurrences) FROM sites s WHERE s.op = p.op
           AND s.input_shapes IS NOT DISTINCT FROM p.input_shapes) AS all_occurrences,
        (SELECT list(struct_pack(inner_op, inner_shapes, inner_offset_ns, kernel, grid, block, smem, regs, occurrences,
                                 launches, repeat_ns) ORDER BY repeat_ns DESC, kernel, grid, block, inner_op)
         FROM sites s WHERE s.op = p.op AND s.input_shapes IS NOT DISTINCT FROM p.input_shapes) AS sites,
-       (SELECT flatten(list(kernel_ids ORDER BY repeat_ns DESC, kernel)) FROM repeats r WHERE r.op_id = p.worst_op)
+       (SELECT flatten(list(kernel_ids ORDER BY repeat_ns DESC, kernel)) FROM repeats r WHERE r.op_id = c.worst_op)
            AS worst_ids
 FROM per_op p JOIN op_calls c ON c.op = p.op AND c.input_shapes IS NOT DISTINCT FROM p.input_shapes
 """
