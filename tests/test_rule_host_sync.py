@@ -312,3 +312,22 @@ def test_a_sync_waits_for_the_last_copy_of_its_own_op():
         260: ("sync", "DtoH", "Device", "Pinned", 1000, 10),
         400: ("sync", None, None, None, None, None),
     }
+
+
+@pytest.mark.parametrize(
+    "path", [lambda: sample("transfer_bound_pageable.json.gz"), lambda: corpus(RESNET_AUTOGRAD)], ids=["h200", "resnet"]
+)
+def test_idle_charged_through_a_copys_sync_survives_the_steady_view(path, loaded):
+    # the stream sync after a pageable copy waits for the gap, the copy (the op's longest call) is charged: the
+    # steady view must measure the charge on the sync's gap, or every pageable upload loses its GPU idle
+    con = loaded(path())
+    by_view, by_steady, handed_on = con.execute(
+        "SELECT (SELECT sum(charged_idle_ns) FROM host_blocking), "
+        "(SELECT sum(charged_idle_ns) FROM steady_host_blocking(65536, all_phases := true)), "
+        "(SELECT count(*) FROM host_blocking WHERE idle_charged_to <> event_id)"
+    ).fetchone()
+    assert handed_on > 0 and by_steady == by_view > 0
+    copies = con.execute(
+        "SELECT sum(charged_idle_ns) FROM steady_host_blocking(65536) WHERE call = 'cudaMemcpyAsync'"
+    ).fetchone()[0]
+    assert copies > 0

@@ -207,13 +207,16 @@ WITH _launches AS MATERIALIZED (
         GROUP BY g.run_id, g.gap_start_ns, a.event_id)
     GROUP BY run_id, gap_start_ns
     HAVING max(launch_end_ns) > gap_start_ns
-), _charges AS (
-    SELECT e.run_id, e.primary_event_id AS event_id, sum(r.gap_end_ns - r.end_ns) AS charged_idle_ns
+), _waits AS MATERIALIZED (
+    -- each charged gap: the call that waited for it and returned first, and the call it is charged to
+    SELECT r.run_id, r.event_id, e.primary_event_id, r.gap_end_ns - r.end_ns AS idle_ns
     FROM _ranked r
     JOIN _episodes e ON e.run_id = r.run_id AND e.episode = r.episode
     JOIN _host_ended h ON h.run_id = r.run_id AND h.gap_start_ns = r.gap_start_ns
     WHERE r.waited AND r.gap_rank = 1 AND NOT e.reads_data
-    GROUP BY e.run_id, e.primary_event_id
+), _charges AS (
+    SELECT run_id, primary_event_id AS event_id, sum(idle_ns) AS charged_idle_ns
+    FROM _waits GROUP BY run_id, primary_event_id
 )
 SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
        coalesce(p.name, '(top level)') AS site, r.copy_name, r.bytes,
@@ -222,10 +225,12 @@ SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns
        nullif(regexp_extract(r.moved_name, ' -> ([^()]*)\)', 1), '') AS copy_dst,
        r.copy_bytes, r.moved_gpu_ns AS copy_gpu_ns, r.device, r.gap_start_ns, r.gap_end_ns,
        coalesce(ch.charged_idle_ns, 0) AS charged_idle_ns, coalesce(a.region, m.region) AS region,
-       st.event_id IS NOT NULL AS critical_thread, coalesce(st.stalled_ns, 0) AS stalled_ns
+       st.event_id IS NOT NULL AS critical_thread, coalesce(st.stalled_ns, 0) AS stalled_ns,
+       w.primary_event_id AS idle_charged_to
 FROM _ranked r
 LEFT JOIN events p ON p.event_id = r.parent_id
 LEFT JOIN _charges ch ON ch.run_id = r.run_id AND ch.event_id = r.event_id
+LEFT JOIN _waits w ON w.run_id = r.run_id AND w.event_id = r.event_id
 LEFT JOIN _annotated a ON a.event_id = r.event_id
 LEFT JOIN _modules m ON m.event_id = r.event_id
 LEFT JOIN _stalls st ON st.event_id = r.event_id;
@@ -321,6 +326,10 @@ CREATE OR REPLACE VIEW host_blocking(
     critical_thread,
     -- on a critical thread, the part of the call with the main device idle (see above); 0 on other
     -- threads
-    stalled_ns
+    stalled_ns,
+    -- for the call that waited for a charged gap and returned first: the call the gap's idle, from this
+    -- call's return to gap_end_ns, is charged to (itself, or the longest blocking call of its op
+    -- invocation); NULL for every other call
+    idle_charged_to
 ) AS
 SELECT * FROM host_blocking_exempting(host_blocking_small_htod_bytes());
