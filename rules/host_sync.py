@@ -9,6 +9,16 @@ thread, the call, the region it ran in (the innermost user annotation or `nn.Mod
 `## sparse_data_dist ##`) and the op that issued it (e.g. `aten::_local_scalar_dense`, i.e.
 `tensor.item()`), so the finding names the part of the step and the line of code to change.
 
+A site whose calls are copies, or the stream syncs that `aten::copy_` (`x.to("cuda")`, `.cpu()`)
+issues after its copy when it is not `non_blocking`, is named as the copy: its direction and memory
+kinds as the copy's GPU record names them (`Memcpy HtoD (Pageable -> Device)`, from Kineto or from
+the nsys `copyKind`/`srcKind`/`dstKind` columns; `host_blocking.copy_direction`, `copy_src`,
+`copy_dst`), bytes per call and the bandwidth it achieved, and the next experiment follows the host
+side's memory: a pageable source is pinned (`pin_memory()`) and copied with `non_blocking=True`, a
+pinned one only needs `non_blocking=True`, and a read back goes into a pinned buffer with
+`non_blocking=True` and an event instead of `.cpu()`/`.item()`. A sync in another op
+(`aten::_local_scalar_dense`) stays the implicit sync it stands for.
+
 A site has two costs, reported apart (`host_blocking` defines both):
 
 - GPU idle after its calls: each idle gap of the run's main device that the host ended is charged
@@ -47,6 +57,17 @@ each return the GPU waits ~0.2 ms for the host to enqueue the next step, 6.9 ms 
 Use instead: check the stop condition every N steps, or on a side stream with a pinned host buffer
 and `non_blocking=True`, and read it one step late.
 
+## Checked on
+Blocking copies: the H200 copy matrix (tests/data/pageable_matrix, scripts/make_pageable_copy_trace.py):
+16 KiB and 64 MiB uploads from pageable memory, from pinned memory without `non_blocking`, and
+pinned with `non_blocking=True`; reads back by `.cpu()` and into a pinned buffer with an event read
+a step late. Each blocking cell is reported as its copy with its fix (the 16 KiB pageable upload on
+the stream sync `aten::copy_` issues after it), the pinned non_blocking twins, measured 1.5-17x
+faster per step, get no finding (tests/test_pageable_matrix.py). Also the project's H200 samples
+(weight streaming, a conv-net's batch upload, `.cpu()` of gradients before gloo, TorchRec-style
+reads), Kineto's ResNet-50 and TorchRec corpus traces, and Nsight Systems exports of CloverLeaf and
+an MPI SAXPY, whose `cudaMemcpy` kinds come from the `copyKind`/`srcKind`/`dstKind` columns.
+
 ## Options
 - `min_calls` (3): a site must repeat this often to count as steady state.
 - `min_share` (0.005): report sites whose cost (the larger of the GPU idle after their calls and
@@ -63,6 +84,8 @@ and `non_blocking=True`, and read it one step late.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tracekit.engine import advice, quality
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
@@ -70,31 +93,59 @@ from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _phases
-from tracekit.units import duration
+from tracekit.units import bandwidth, duration, size
 
 # The run's repeated blocking call sites (thread, call, region, issuing op) over the thresholds; the op
 # is grouped by its name key as the region already is, so an annotation carrying a per-run id is one site
-# (the events keep the raw name).
+# (the events keep the raw name). `copies` breaks a site's calls down by the copy they moved or waited for
+# (direction, source and destination memory), the kind that held the host longest first.
 SITES_SQL = """
-SELECT pid, tid, call, region, name_key(site) AS site, any_value(blocking) AS blocking,
-       bool_or(critical_thread) AS critical_thread,
-       count(*) AS calls, count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
-       sum(stalled_ns) AS stalled_ns, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
-       arg_max(event_id, dur_ns) AS worst_event_id,
-       list(event_id ORDER BY greatest(charged_idle_ns, stalled_ns) DESC, dur_ns DESC, event_id)[1:5] AS sample_event_ids,
-       median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
-FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases) WHERE run_id = $run_id
-GROUP BY pid, tid, call, region, name_key(site)
-HAVING count(*) >= $min_calls AND greatest(sum(charged_idle_ns), sum(stalled_ns)) >= $min_share * $window
-ORDER BY greatest(sum(charged_idle_ns), sum(stalled_ns)) DESC, region, site, call
+WITH calls AS MATERIALIZED (
+    SELECT * REPLACE (name_key(site) AS site)
+    FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases) WHERE run_id = $run_id
+), sites AS (
+    SELECT pid, tid, call, region, site, any_value(blocking) AS blocking,
+           bool_or(critical_thread) AS critical_thread,
+           count(*) AS calls, count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
+           sum(stalled_ns) AS stalled_ns, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
+           arg_max(event_id, dur_ns) AS worst_event_id,
+           list(event_id ORDER BY greatest(charged_idle_ns, stalled_ns) DESC, dur_ns DESC, event_id)[1:5]
+             AS sample_event_ids,
+           median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
+    FROM calls
+    GROUP BY pid, tid, call, region, site
+    HAVING count(*) >= $min_calls AND greatest(sum(charged_idle_ns), sum(stalled_ns)) >= $min_share * $window
+), kinds AS (
+    SELECT pid, tid, call, region, site, copy_direction AS direction, copy_src AS src, copy_dst AS dst,
+           count(*) AS calls, sum(copy_bytes) AS bytes, sum(copy_gpu_ns) AS gpu_ns, sum(dur_ns) AS blocked_ns
+    FROM calls WHERE copy_direction IS NOT NULL
+    GROUP BY ALL
+), copies AS (
+    SELECT pid, tid, call, region, site,
+           list({'direction': direction, 'src': src, 'dst': dst, 'calls': calls, 'bytes': bytes, 'gpu_ns': gpu_ns}
+                ORDER BY blocked_ns DESC, direction, src, dst) AS copies
+    FROM kinds GROUP BY ALL
+)
+SELECT s.*, c.copies
+FROM sites s
+LEFT JOIN copies c ON c.pid IS NOT DISTINCT FROM s.pid AND c.tid IS NOT DISTINCT FROM s.tid AND c.call = s.call
+  AND c.region IS NOT DISTINCT FROM s.region AND c.site = s.site
+ORDER BY greatest(s.gpu_idle_after_ns, s.stalled_ns) DESC, s.region, s.site, s.call
 """
 
 # The evidence query: one site's two costs (GPU idle after its calls, the critical thread's stall in
-# them), its calls and the time they blocked the host.
+# them), its calls and the time they blocked the host; for a copy site, the calls that moved or waited
+# for the copy kind the finding names, their bytes and the copies' GPU time (bytes / ns = GB/s).
 SITE_SQL = """
 SELECT sum(charged_idle_ns) AS gpu_idle_after_ns, sum(stalled_ns) AS stalled_ns, count(*) AS calls,
        count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS host_blocked_ns,
-       min(ts_ns) AS first_ns, max(end_ns) AS last_ns
+       min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
+       count(*) FILTER (WHERE copy_direction = $direction AND copy_src IS NOT DISTINCT FROM $src
+                        AND copy_dst IS NOT DISTINCT FROM $dst) AS copy_calls,
+       sum(copy_bytes) FILTER (WHERE copy_direction = $direction AND copy_src IS NOT DISTINCT FROM $src
+                               AND copy_dst IS NOT DISTINCT FROM $dst) AS copy_bytes,
+       sum(copy_gpu_ns) FILTER (WHERE copy_direction = $direction AND copy_src IS NOT DISTINCT FROM $src
+                                AND copy_dst IS NOT DISTINCT FROM $dst) AS copy_gpu_ns
 FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases)
 WHERE run_id = $run_id AND pid IS NOT DISTINCT FROM $pid AND tid IS NOT DISTINCT FROM $tid AND call = $call
   AND region IS NOT DISTINCT FROM $region AND name_key(site) = $site
@@ -155,10 +206,71 @@ def check(con, params, ctx):
                 yield quality.qualify(ctx, _finding(ctx, run, params, site, window, left_out), _USES)
 
 
+# The ops whose stream sync is the sync of the copy they make: `x.to("cuda")`, `.cpu()`, `dst.copy_(src)`
+# without `non_blocking=True`. Another op's sync (`.item()` in `aten::_local_scalar_dense`) is the value
+# read it stands for, whatever small copy comes with it.
+_COPY_OPS = ("aten::copy_", "aten::to", "aten::_to_copy")
+_DIRECTIONS = {"HtoD": "host-to-device", "DtoH": "device-to-host", "DtoD": "device-to-device", "PtoP": "peer-to-peer"}
+
+
+@dataclass(frozen=True)
+class _Copy:
+    """The kind of copy a site's calls moved or waited for, with its totals over those calls."""
+
+    direction: str
+    src: str | None
+    dst: str | None
+    calls: int
+    bytes: int
+    gpu_ns: int
+
+    @property
+    def host_memory(self) -> str | None:
+        """The host side's memory (`Pageable`, `Pinned`): what decides whether the copy can be asynchronous."""
+        return {"HtoD": self.src, "DtoH": self.dst}.get(self.direction)
+
+    def kind(self) -> str:
+        """`host-to-device copies from pageable memory`."""
+        host = self.host_memory
+        memory = f" {'from' if self.direction == 'HtoD' else 'to'} {host.lower()} memory" if host else ""
+        return f"{_DIRECTIONS.get(self.direction, self.direction)} copies{memory}"
+
+    def phrase(self) -> str:
+        """`host-to-device copies from pageable memory (Pageable -> Device, 64.0 MiB each at 6.93 GB/s)`."""
+        kinds = f"{self.src} -> {self.dst}, " if self.src and self.dst else ""
+        each = f"{size(self.bytes / self.calls)} each" if self.bytes else "size not recorded"
+        rate = f" at {bandwidth(self.bytes, self.gpu_ns)}" if self.bytes and self.gpu_ns else ""
+        return f"{self.kind()} ({kinds}{each}{rate})"
+
+    def as_dict(self) -> dict:
+        return {
+            "direction": self.direction,
+            "src": self.src,
+            "dst": self.dst,
+            "calls": self.calls,
+            "bytes": self.bytes,
+            "bytes_per_call": self.bytes // self.calls if self.calls else 0,
+            "gpu_ns": self.gpu_ns,
+            "gb_per_s": round(self.bytes / self.gpu_ns, 3) if self.gpu_ns else None,
+        }
+
+
+def _copies(s) -> list[_Copy]:
+    """The copies a site is about: every call of a copy, a sync's only when its op is a copy op."""
+    if not s.copies or (s.blocking == "sync" and s.site not in _COPY_OPS):
+        return []
+    return [
+        _Copy(c["direction"], c["src"], c["dst"], int(c["calls"]), int(c["bytes"] or 0), int(c["gpu_ns"] or 0))
+        for c in s.copies
+    ]
+
+
 def _finding(ctx, run, params, s, window, left_out, by_host: bool = False) -> Finding:
     idle, stalled = int(s.gpu_idle_after_ns), int(s.stalled_ns)
     cost = int(s.blocked_ns) if by_host else max(idle, stalled)
-    implicit = s.blocking == "sync"
+    copies = _copies(s)
+    copy = copies[0] if copies else None
+    implicit = s.blocking == "sync" and not copy
     calls = f"{s.charged_calls} of {s.calls}" if 0 < s.charged_calls < s.calls else f"{s.calls}"
     where = f"{s.region} / {s.site}" if s.region and s.region != s.site else s.site
     thread = "launching thread" if s.critical_thread else "thread"
@@ -167,10 +279,12 @@ def _finding(ctx, run, params, s, window, left_out, by_host: bool = False) -> Fi
     )
     gpu = f"GPU idle {duration(idle)} after them" if idle else ""
     costs = [host, gpu] if stalled > idle else [gpu, host]
-    title = f"{s.calls} blocking {s.call} ({s.blocking}) in {where}: " + "; ".join(c for c in costs if c)
+    title = f"{s.calls} blocking {s.call}{_what(s, where, copies)}: " + "; ".join(c for c in costs if c)
     launch = {"call": s.call, **({"region": s.region} if s.region else {})}
     context = ctx.workload(run.run_id)
-    advised = advice.blocking_call(context, s.blocking, where)
+    advised = advice.blocking_call(
+        context, s.blocking, where, direction=copy and copy.direction, host_memory=copy and copy.host_memory
+    )
     return Finding(
         rule="H001",
         severity=advised.cap(by_share(cost / window, params)),
@@ -212,13 +326,17 @@ def _finding(ctx, run, params, s, window, left_out, by_host: bool = False) -> Fi
             "site": s.site,
             "small_htod_bytes": params["small_htod_bytes"],
             "all_phases": params["all_phases"],
+            "direction": copy and copy.direction,
+            "src": copy and copy.src,
+            "dst": copy and copy.dst,
         },
         sample_event_ids=s.sample_event_ids,
-        hypothesis=_hypothesis(s, where, implicit, stalled > idle, context),
+        hypothesis=_hypothesis(s, where, implicit, stalled > idle, context, copy),
         next_experiment=advised.text,
         acceptance=rerun(
             "trace",
-            f"calls at this site drop to 0 (or below {params['min_calls']}), or both costs fall below "
+            _fixed_copy(copy)
+            + f"calls at this site drop to 0 (or below {params['min_calls']}), or both costs fall below "
             f"{params['min_share']:.1%} of the window, and rule G001 reports less idle time on the stream it fed.",
         ),
         extra={
@@ -228,6 +346,8 @@ def _finding(ctx, run, params, s, window, left_out, by_host: bool = False) -> Fi
             "host_blocked_ns": int(s.blocked_ns),
             "critical_thread": bool(s.critical_thread),
             "cost": "host_blocked" if by_host else "host_stall" if stalled > idle else "gpu_idle",
+            "copy": copy.as_dict() if copy else None,
+            "copies": [c.as_dict() for c in copies],
             "left_out_ns": sum(w["dur_ns"] for w in left_out),
             "left_out": _phases.listed(left_out),
         },
@@ -245,8 +365,45 @@ def _finding(ctx, run, params, s, window, left_out, by_host: bool = False) -> Fi
     )
 
 
-def _hypothesis(s, where: str, implicit: bool, stalls: bool, context) -> str:
-    if context.framework == "native":
+def _what(s, where: str, copies: list[_Copy]) -> str:
+    """Where the site's calls are and what they are: the copy they make or wait for, else the kind of
+    blocking call."""
+    if not copies:
+        return f" ({s.blocking}) in {where}"
+    named = (" after " if s.blocking == "sync" else ", ") + copies[0].phrase()
+    others = ", ".join(f"{c.calls} {c.kind()}" for c in copies[1:])
+    return f" in {where}{named}" + (f"; also {others}" if others else "")
+
+
+def _fixed_copy(copy: _Copy | None) -> str:
+    """The acceptance's first clause for a copy site: the copies no longer touch pageable memory."""
+    if not copy or copy.host_memory != "Pageable":
+        return ""
+    pinned = "Pinned -> Device" if copy.direction == "HtoD" else "Device -> Pinned"
+    return f"the copies at this site are `{pinned}` (host_blocking.copy_src/copy_dst) or gone, and "
+
+
+def _hypothesis(s, where: str, implicit: bool, stalls: bool, context, copy: _Copy | None) -> str:
+    if copy:
+        what = copy.phrase()
+        if s.blocking == "sync":
+            what = (
+                f"{s.call} is the stream sync {s.site} issues after its {what}, a copy made without non_blocking=True"
+            )
+        elif copy.host_memory == "Pageable" and copy.direction == "HtoD":
+            what = (
+                f"{s.call} makes {what}; the driver stages pageable memory through a pinned buffer of its own, "
+                "synchronising with the stream first where it must, so the call holds the thread until the data is "
+                "staged"
+            )
+        elif copy.host_memory == "Pageable" and copy.direction == "DtoH":
+            what = (
+                f"{s.call} makes {what}; a copy into pageable memory returns only once it has completed, after the "
+                "work queued before it"
+            )
+        else:
+            what = f"{s.call} makes {what}"
+    elif context.framework == "native":
         what = f"{s.call} ({s.blocking})"
     else:
         what = "an implicit sync such as .item()/.cpu()/.tolist()" if implicit else s.blocking

@@ -1,7 +1,9 @@
 """H001 host-sync on real traces: the per-step .item() sync of the H200 decode loop, pageable
 device-to-host copies inside a named region (TorchRec's `## sparse_data_dist ##` and the project's
 H200 run of the same pattern), staged pageable uploads whose stream syncs are not blamed, an MPI
-code's data reads left to G001, and silence where no blocking call repeats."""
+code's data reads left to G001, and silence where no blocking call repeats. Blocking copies and the
+stream syncs of `aten::copy_` are named as the copies they are (direction, memory, size, bandwidth),
+with the next experiment their host memory calls for; pinned twins get none of it."""
 
 from __future__ import annotations
 
@@ -145,3 +147,187 @@ def test_device_sync_after_every_kernel_stays_reported(loaded):
     [f] = [f for f in found if f.locality["launch"] == {"call": "cudaDeviceSynchronize"}]
     assert f.severity == "warning" and f.extra["cost"] == "gpu_idle" and f.locality["op"] == "(top level)"
     assert evidence(con, f)["calls"] > 1000
+
+
+# ------------------------------------------------------------------------------- copies named as copies
+
+RESNET = "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz"
+RESNET_AUTOGRAD = "kineto__resnet50_autograd_api_num_workers_4__worker0.pt.trace.json.gz"
+PAGEABLE_UPLOADS = [
+    # weight streaming on the project's H200: 12 x 64 MiB `w.to("cuda")` per forward
+    lambda: sample("transfer_bound_pageable.json.gz"),
+    # a conv-net's input batch, `x.to("cuda")` from pageable memory every step (H200)
+    lambda: sample("warm_steady_steps.json.gz"),
+    # Kineto's ResNet-50 traces (V100), the batch copied from the DataLoader's pageable tensors
+    lambda: corpus(RESNET),
+    lambda: corpus(RESNET_AUTOGRAD),
+]
+COPY_OPS = ("aten::copy_", "aten::to", "aten::_to_copy")
+
+
+def _copy_sites(found, call="cudaMemcpyAsync"):
+    return [f for f in found if f.locality["launch"]["call"] == call and f.locality["op"] in COPY_OPS]
+
+
+@pytest.mark.parametrize("path", PAGEABLE_UPLOADS, ids=["h200_weights", "h200_batch", "resnet50", "resnet50_autograd"])
+def test_pageable_uploads_are_named_with_their_memory_size_and_bandwidth(path, loaded):
+    con = loaded(path())
+    found, _ = findings(con, min_share=0.0)
+    [f] = _copy_sites(found)
+    copy, row = f.extra["copy"], evidence(con, f)
+    assert (copy["direction"], copy["src"], copy["dst"]) == ("HtoD", "Pageable", "Device")
+    # the numbers are the copies' own GPU records, as the evidence query recomputes them
+    assert (copy["calls"], copy["bytes"], copy["gpu_ns"]) == (row["copy_calls"], row["copy_bytes"], row["copy_gpu_ns"])
+    records = con.execute(
+        "SELECT sum(bytes), sum(dur_ns) FROM gpu_activities WHERE name = 'Memcpy HtoD (Pageable -> Device)'"
+    ).fetchone()
+    # the steady copies run at the rate of all of them (warm-up ones included), not at some other figure
+    assert copy["gb_per_s"] == pytest.approx(records[0] / records[1], rel=0.25)
+    assert "host-to-device copies from pageable memory (Pageable -> Device" in f.title and "GB/s" in f.title
+    assert "pageable" in f.hypothesis and "implicit sync" not in f.hypothesis
+    assert "pin_memory()" in f.next_experiment and "non_blocking=True" in f.next_experiment
+    assert "set_sync_debug_mode" not in f.next_experiment
+    assert "Pinned -> Device" in f.acceptance
+
+
+@pytest.mark.parametrize("path", [lambda: corpus(RESNET), lambda: corpus(TORCHREC)], ids=["resnet50", "torchrec"])
+def test_the_stream_sync_of_a_pageable_copy_is_the_copy_not_an_anonymous_sync(path, loaded):
+    # `x.to("cuda")` without non_blocking: aten::copy_ issues the cudaMemcpyAsync and then a cudaStreamSynchronize;
+    # the sync's site is that copy, not "an implicit sync such as .item()"
+    con = loaded(path())
+    found, _ = findings(con, min_share=0.0)
+    syncs = _copy_sites(found, "cudaStreamSynchronize")
+    assert syncs
+    for f in syncs:
+        assert "Pageable" in (f.extra["copy"]["src"], f.extra["copy"]["dst"])
+        assert " after " in f.title and "copies" in f.title and "(sync)" not in f.title
+        assert "implicit sync" not in f.hypothesis and "non_blocking=True" in f.hypothesis
+    # and in these traces every stream sync of an aten::copy_ has the copy it waited for
+    untied = con.execute(
+        "SELECT count(*) FROM host_blocking WHERE call = 'cudaStreamSynchronize' AND site = 'aten::copy_' "
+        "AND copy_direction IS NULL"
+    ).fetchone()[0]
+    assert untied == 0
+
+
+def test_a_batch_upload_sync_gets_the_pinned_memory_advice(loaded):
+    con = loaded(corpus(RESNET))
+    found, _ = findings(con, min_share=0.0)
+    [sync] = _copy_sites(found, "cudaStreamSynchronize")
+    [copy] = _copy_sites(found)
+    assert sync.next_experiment == copy.next_experiment and "pin_memory" in sync.next_experiment
+    assert sync.extra["copy"]["bytes_per_call"] == copy.extra["copy"]["bytes_per_call"]
+
+
+def test_reads_into_pageable_memory_get_a_pinned_buffer_and_an_event(loaded):
+    # `.cpu()` of the gradients before a gloo all-reduce: pageable device-to-host copies
+    con = loaded(sample("gloo_rank1.json.gz"))
+    found, _ = findings(con)
+    [f] = _copy_sites(found)
+    assert f.severity == "warning"
+    assert (f.extra["copy"]["direction"], f.extra["copy"]["dst"]) == ("DtoH", "Pageable")
+    assert "device-to-host copies to pageable memory (Device -> Pageable" in f.title
+    assert all(s in f.next_experiment for s in ("pin_memory=True", "non_blocking=True", "Event", ".cpu()"))
+    assert "pin_memory()" not in f.next_experiment  # the upload's advice is not the read's
+
+
+def test_torchrec_reads_keep_the_pipeline_advice_and_name_every_copy_kind(loaded):
+    # `## sparse_data_dist ##` copies both ways through pageable memory: the site names the kind that held the
+    # host longest and counts the other
+    con = loaded(corpus(TORCHREC))
+    found, _ = findings(con)
+    [f] = _site(found, "## sparse_data_dist ##")
+    kinds = {(c["direction"], c["src"], c["dst"]): c["calls"] for c in f.extra["copies"]}
+    assert kinds.keys() == {("DtoH", "Device", "Pageable"), ("HtoD", "Pageable", "Device")}
+    assert sum(kinds.values()) == evidence(con, f)["calls"]
+    assert f.extra["copy"] == f.extra["copies"][0] and "also " in f.title
+    assert "TrainPipelineSparseDist" in f.next_experiment
+
+
+def test_native_pageable_copies_are_named_from_the_nsys_columns(loaded):
+    # CloverLeaf's cudaMemcpy calls: Nsight Systems gives copyKind/srcKind/dstKind, the names follow them
+    con = loaded(corpus(CLOVERLEAF))
+    found, _ = findings(con)
+    [f] = [f for f in found if f.locality["launch"] == {"call": "cudaMemcpy"}]
+    assert (f.extra["copy"]["direction"], f.extra["copy"]["src"]) == ("HtoD", "Pageable")
+    assert "cudaMallocHost" in f.next_experiment and "pin_memory" not in f.next_experiment
+
+
+@pytest.mark.parametrize(
+    "path",
+    [lambda: sample("transfer_bound_pinned.json.gz"), lambda: sample("gpu_prefill_decode_eager.json.gz")],
+    ids=["pinned_weights", "decode_item"],
+)
+def test_pinned_twins_get_no_pageable_advice(path, loaded):
+    # the pinned, non_blocking twin of the weight-streaming run, and a decode loop whose `.item()` reads go to
+    # pinned memory: no copy blocks, and the `.item()` sync stays the implicit sync it is
+    con = loaded(path())
+    found, _ = findings(con, min_share=0.0)
+    assert found
+    for f in found:
+        assert "pin_memory()" not in f.next_experiment and "pageable" not in f.title
+        assert f.extra["copy"] is None or f.extra["copy"]["src"] != "Pageable"
+    assert not _copy_sites(found)
+
+
+def test_a_sync_waits_for_the_last_copy_of_its_own_op():
+    from tests.test_views import make_run, rows, step
+
+    # aten::copy_ A [0-100): a pageable upload, then its stream sync; aten::copy_ B [200-300): a pinned read back
+    # (not blocking by itself), its sync, then another sync; a top-level sync at 400 belongs to no op's copy
+    def call(name, ts, dur, corr=None):
+        return {"kind": "cuda_runtime", "name": name, "ts": ts, "dur": dur, "corr": corr, "depth": 1}
+
+    def copy(name, ts, dur, corr, nbytes):
+        return {"kind": "gpu_memcpy", "name": name, "ts": ts, "dur": dur, "corr": corr, "args": {"bytes": nbytes}}
+
+    con = make_run([
+        step("aten::copy_", 0, 100, kind="cpu_op"),
+        call("cudaMemcpyAsync", 10, 50, corr=1), copy("Memcpy HtoD (Pageable -> Device)", 20, 40, 1, 4000),
+        call("cudaStreamSynchronize", 70, 20),
+        step("aten::copy_", 200, 100, kind="cpu_op"),
+        call("cudaMemcpyAsync", 210, 5, corr=2), copy("Memcpy DtoH (Device -> Pinned)", 220, 10, 2, 1000),
+        call("cudaStreamSynchronize", 230, 20), call("cudaStreamSynchronize", 260, 20),
+        {**call("cudaStreamSynchronize", 400, 10), "depth": 0},
+    ])  # fmt: skip
+    con.execute(
+        "UPDATE event_rows r SET parent_id = (SELECT o.rowid FROM event_rows o WHERE o.kind = 'cpu_op' "
+        "AND o.ts_ns <= r.ts_ns AND o.ts_ns + o.dur_ns >= r.ts_ns + r.dur_ns) WHERE r.kind = 'cuda_runtime'"
+    )
+    got = {
+        r["ts_ns"]: (
+            r["blocking"],
+            r["copy_direction"],
+            r["copy_src"],
+            r["copy_dst"],
+            r["copy_bytes"],
+            r["copy_gpu_ns"],
+        )
+        for r in rows(con, "SELECT * FROM host_blocking")
+    }
+    assert got == {
+        10: ("pageable async memcpy", "HtoD", "Pageable", "Device", 4000, 40),
+        70: ("sync", "HtoD", "Pageable", "Device", 4000, 40),
+        230: ("sync", "DtoH", "Device", "Pinned", 1000, 10),
+        260: ("sync", "DtoH", "Device", "Pinned", 1000, 10),
+        400: ("sync", None, None, None, None, None),
+    }
+
+
+@pytest.mark.parametrize(
+    "path", [lambda: sample("transfer_bound_pageable.json.gz"), lambda: corpus(RESNET_AUTOGRAD)], ids=["h200", "resnet"]
+)
+def test_idle_charged_through_a_copys_sync_survives_the_steady_view(path, loaded):
+    # the stream sync after a pageable copy waits for the gap, the copy (the op's longest call) is charged: the
+    # steady view must measure the charge on the sync's gap, or every pageable upload loses its GPU idle
+    con = loaded(path())
+    by_view, by_steady, handed_on = con.execute(
+        "SELECT (SELECT sum(charged_idle_ns) FROM host_blocking), "
+        "(SELECT sum(charged_idle_ns) FROM steady_host_blocking(65536, all_phases := true)), "
+        "(SELECT count(*) FROM host_blocking WHERE idle_charged_to <> event_id)"
+    ).fetchone()
+    assert handed_on > 0 and by_steady == by_view > 0
+    copies = con.execute(
+        "SELECT sum(charged_idle_ns) FROM steady_host_blocking(65536) WHERE call = 'cudaMemcpyAsync'"
+    ).fetchone()[0]
+    assert copies > 0

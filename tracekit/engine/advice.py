@@ -157,9 +157,12 @@ def unattributed(context) -> Advice:
     )
 
 
-def blocking_call(context, blocking: str, site: str) -> Advice:
+def blocking_call(
+    context, blocking: str, site: str, direction: str | None = None, host_memory: str | None = None
+) -> Advice:
     """H001: a blocking host call of kind `blocking` (`sync`, `sync memcpy`, `sync memset`,
-    `pageable async memcpy`) issued from `site`."""
+    `pageable async memcpy`) issued from `site`; for a copy or the sync of one, the copy's `direction`
+    (`HtoD`, `DtoH`, ...) and the memory on its host side (`Pageable`, `Pinned`)."""
     if _is(context, "framework", "native"):
         if blocking == "sync":
             return Advice(
@@ -182,6 +185,26 @@ def blocking_call(context, blocking: str, site: str) -> Advice:
         return Advice(
             "These syncs come from DistributedDataParallel broadcasting buffers at every forward: construct DDP "
             "with `broadcast_buffers=False` (SyncBatchNorm where statistics must agree) and re-profile."
+        )
+    if direction == "HtoD" and host_memory == "Pageable":
+        return Advice(
+            "The source tensor is in pageable host memory, so the driver stages every copy and the thread waits for "
+            "it: pin the source (`x = x.pin_memory()` once, a preallocated pinned staging buffer, or DataLoader "
+            "`pin_memory=True`) and copy with `x.to(device, non_blocking=True)`, so the copy is queued behind the GPU "
+            "work instead of waited for; re-profile."
+        )
+    if direction == "HtoD" and host_memory == "Pinned":
+        return Advice(
+            "The source is already pinned; the copy blocks because it is made with non_blocking=False: copy with "
+            "`x.to(device, non_blocking=True)` and keep the source alive and unmodified until the copy is done (a "
+            "CUDA event recorded after it, or the next use on the same stream); re-profile."
+        )
+    if direction == "DtoH" and host_memory in ("Pageable", "Pinned"):
+        return Advice(
+            "Read the result into a preallocated pinned buffer instead of `.cpu()`/`.item()`/`.tolist()`: "
+            "`buf = torch.empty(shape, dtype=dtype, pin_memory=True)` once, then `buf.copy_(t, non_blocking=True)` "
+            "and `done = torch.cuda.Event(); done.record()`, and `done.synchronize()` only where the host uses the "
+            "values (a step later where the loop allows); re-profile."
         )
     if blocking in ("sync memcpy", "sync memset"):
         return Advice(

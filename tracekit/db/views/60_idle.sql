@@ -106,15 +106,16 @@ WITH _launches AS MATERIALIZED (
     FROM launches
 ), _copies AS (
     SELECT l.run_id, l.runtime_event_id, first(l.gpu_name ORDER BY l.gpu_event_id) AS copy_name,
-           first(g.bytes ORDER BY l.gpu_event_id) AS bytes
+           first(g.bytes ORDER BY l.gpu_event_id) AS bytes, first(g.dur_ns ORDER BY l.gpu_event_id) AS copy_gpu_ns,
+           first(l.gpu_kind ORDER BY l.gpu_event_id) = 'gpu_memcpy' AS is_memcpy
     FROM _launches l
-    JOIN (SELECT event_id, bytes FROM gpu_activities WHERE kind IN ('gpu_memcpy', 'gpu_memset')) g
+    JOIN (SELECT event_id, bytes, dur_ns FROM gpu_activities WHERE kind IN ('gpu_memcpy', 'gpu_memset')) g
       ON g.event_id = l.gpu_event_id
     WHERE l.gpu_kind IN ('gpu_memcpy', 'gpu_memset')
     GROUP BY l.run_id, l.runtime_event_id
 ), _classified AS (
     SELECT r.run_id, r.event_id, r.name AS call, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
-           c.copy_name, c.bytes,
+           c.copy_name, c.bytes, c.copy_gpu_ns, c.is_memcpy,
            CASE
              WHEN r.name IN ('cudaDeviceSynchronize', 'cudaStreamSynchronize', 'cudaEventSynchronize',
                              'cuCtxSynchronize', 'cuStreamSynchronize', 'cuEventSynchronize',
@@ -128,10 +129,20 @@ WITH _launches AS MATERIALIZED (
              WHEN contains(r.name, 'Async') AND contains(coalesce(c.copy_name, ''), 'Pageable') THEN 'pageable async memcpy'
            END AS blocking
     FROM runtime_calls r LEFT JOIN _copies c ON c.run_id = r.run_id AND c.runtime_event_id = r.event_id
+), _op_copies AS (
+    SELECT run_id, parent_id, ts_ns, copy_name, bytes, copy_gpu_ns
+    FROM _classified WHERE is_memcpy AND parent_id IS NOT NULL
 ), _blocking AS MATERIALIZED (
     -- the calls one op invocation makes (a pageable copy and its stream sync) block as one; a
-    -- top-level call is its own (negative keys never collide with the parents' event ids)
-    SELECT *, coalesce(parent_id, -1 - event_id) AS episode FROM _classified WHERE blocking IS NOT NULL
+    -- top-level call is its own (negative keys never collide with the parents' event ids). The copy a
+    -- call moved or waited for: its own, else the last one its op invocation issued before it (the
+    -- `cudaMemcpyAsync` before the `cudaStreamSynchronize` of one `aten::copy_`)
+    SELECT b.*, coalesce(b.parent_id, -1 - b.event_id) AS episode,
+           CASE WHEN b.is_memcpy THEN b.copy_name WHEN b.copy_name IS NULL THEN o.copy_name END AS moved_name,
+           CASE WHEN b.is_memcpy THEN b.bytes WHEN b.copy_name IS NULL THEN o.bytes END AS copy_bytes,
+           CASE WHEN b.is_memcpy THEN b.copy_gpu_ns WHEN b.copy_name IS NULL THEN o.copy_gpu_ns END AS moved_gpu_ns
+    FROM (SELECT * FROM _classified WHERE blocking IS NOT NULL) b
+    ASOF LEFT JOIN _op_copies o ON o.run_id = b.run_id AND o.parent_id = b.parent_id AND b.ts_ns >= o.ts_ns
 ), _episodes AS (
     SELECT run_id, episode, arg_max(event_id, dur_ns) AS primary_event_id,
            contains(coalesce(arg_max(copy_name, dur_ns), ''), 'DtoH')
@@ -196,21 +207,30 @@ WITH _launches AS MATERIALIZED (
         GROUP BY g.run_id, g.gap_start_ns, a.event_id)
     GROUP BY run_id, gap_start_ns
     HAVING max(launch_end_ns) > gap_start_ns
-), _charges AS (
-    SELECT e.run_id, e.primary_event_id AS event_id, sum(r.gap_end_ns - r.end_ns) AS charged_idle_ns
+), _waits AS MATERIALIZED (
+    -- each charged gap: the call that waited for it and returned first, and the call it is charged to
+    SELECT r.run_id, r.event_id, e.primary_event_id, r.gap_end_ns - r.end_ns AS idle_ns
     FROM _ranked r
     JOIN _episodes e ON e.run_id = r.run_id AND e.episode = r.episode
     JOIN _host_ended h ON h.run_id = r.run_id AND h.gap_start_ns = r.gap_start_ns
     WHERE r.waited AND r.gap_rank = 1 AND NOT e.reads_data
-    GROUP BY e.run_id, e.primary_event_id
+), _charges AS (
+    SELECT run_id, primary_event_id AS event_id, sum(idle_ns) AS charged_idle_ns
+    FROM _waits GROUP BY run_id, primary_event_id
 )
 SELECT r.run_id, r.event_id, r.call, r.blocking, r.pid, r.tid, r.ts_ns, r.dur_ns, r.end_ns, r.parent_id,
-       coalesce(p.name, '(top level)') AS site, r.copy_name, r.bytes, r.device, r.gap_start_ns, r.gap_end_ns,
+       coalesce(p.name, '(top level)') AS site, r.copy_name, r.bytes,
+       nullif(regexp_extract(r.moved_name, '^Memcpy ([^(]*[^( ])', 1), '') AS copy_direction,
+       nullif(regexp_extract(r.moved_name, '\(([^()]*) -> ', 1), '') AS copy_src,
+       nullif(regexp_extract(r.moved_name, ' -> ([^()]*)\)', 1), '') AS copy_dst,
+       r.copy_bytes, r.moved_gpu_ns AS copy_gpu_ns, r.device, r.gap_start_ns, r.gap_end_ns,
        coalesce(ch.charged_idle_ns, 0) AS charged_idle_ns, coalesce(a.region, m.region) AS region,
-       st.event_id IS NOT NULL AS critical_thread, coalesce(st.stalled_ns, 0) AS stalled_ns
+       st.event_id IS NOT NULL AS critical_thread, coalesce(st.stalled_ns, 0) AS stalled_ns,
+       w.primary_event_id AS idle_charged_to
 FROM _ranked r
 LEFT JOIN events p ON p.event_id = r.parent_id
 LEFT JOIN _charges ch ON ch.run_id = r.run_id AND ch.event_id = r.event_id
+LEFT JOIN _waits w ON w.run_id = r.run_id AND w.event_id = r.event_id
 LEFT JOIN _annotated a ON a.event_id = r.event_id
 LEFT JOIN _modules m ON m.event_id = r.event_id
 LEFT JOIN _stalls st ON st.event_id = r.event_id;
@@ -274,6 +294,18 @@ CREATE OR REPLACE VIEW host_blocking(
     copy_name,
     -- bytes of that copy or memset
     bytes,
+    -- the memcpy the call moved or waited for: its own, else (a sync) the last one its op invocation
+    -- issued before it, the `cudaMemcpyAsync` of the same `aten::copy_`; its direction from the copy's
+    -- name (`HtoD`, `DtoH`, `DtoD`, `PtoP`, ...; NULL without such a copy)
+    copy_direction,
+    -- that copy's source memory (`Pageable`, `Pinned`, `Device`, ...; NULL when its name does not say)
+    copy_src,
+    -- its destination memory
+    copy_dst,
+    -- its bytes
+    copy_bytes,
+    -- its duration on the GPU: copy_bytes / copy_gpu_ns is the bandwidth it achieved (bytes per ns = GB/s)
+    copy_gpu_ns,
     -- the run's main device, whose gaps are charged (NULL when the call returns before its first gap)
     device,
     -- start of the main device's idle gap the call returned in; NULL when it returned while the
@@ -294,6 +326,10 @@ CREATE OR REPLACE VIEW host_blocking(
     critical_thread,
     -- on a critical thread, the part of the call with the main device idle (see above); 0 on other
     -- threads
-    stalled_ns
+    stalled_ns,
+    -- for the call that waited for a charged gap and returned first: the call the gap's idle, from this
+    -- call's return to gap_end_ns, is charged to (itself, or the longest blocking call of its op
+    -- invocation); NULL for every other call
+    idle_charged_to
 ) AS
 SELECT * FROM host_blocking_exempting(host_blocking_small_htod_bytes());
