@@ -55,17 +55,10 @@ ORDER BY sum(launches), name LIMIT 1
 STEADY_PERIOD_CV = 0.2
 
 
-# A kernel's family (SQL over gpu_activities `a`): its name without 'void ', template arguments and
-# parameter list, architecture tokens masked, so volta_sgemm and ampere_sgemm, sm80 and sm90 variants
-# of one kernel are one family; and without the tile configuration a GEMM library picks per shape
-# (tile sizes such as `128x64` masked; cuBLAS's nvjet kernels by their kind alone, `nvjet_ARCH_tst`,
-# since cluster shape, cooperative mode and layout follow the tile), so the same matmul run whole or
-# in chunks is one family.
-KERNEL_FAMILY = (
-    "regexp_replace(regexp_replace(regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''),"
-    " '[<(].*$', ''), '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g'),"
-    " '^(nvjet_ARCH_[a-z]+)_.*$', '\\1'), '[0-9]+(x[0-9]+)+', '#', 'g')"
-)
+# A kernel's family (SQL over gpu_activities `a`): the stdlib's `kernel_family` (architecture tokens
+# and tile configurations masked), so volta_sgemm and ampere_sgemm, sm80 and sm90 variants of one
+# kernel, and the same matmul run whole or in chunks, are one family.
+KERNEL_FAMILY = "kernel_family(a.name)"
 
 # How alike the work in the two sides' windows is: each side's kernel launches per family as a share of
 # its launches, and the overlap of the two mixes (sum of the smaller share per family): 1 when both run
