@@ -30,6 +30,23 @@ matched against rank 1, 98.5% of that is rank 0 waiting for rank 1 to launch the
 Use instead: make the late rank launch sooner (CUDA graphs, less host work per step), or issue the
 collective on a side stream (`async_op=True`) and wait for it just before its result is needed.
 
+## Reading the trace's own evidence
+A trace can hold both variants of an experiment as annotated steps: serial steps of some layers and
+steps of the same layers with the collective chunked and overlapped. Before proposing overlap, the
+rule looks for them (rules/_variants.py: step groups of the run on the device with the same kernel
+families, both running communication kernels, one on more streams). When the overlapped steps are
+slower, it does not propose overlapping the collective: it says so with both groups' step times and
+step counts and proposes fewer, larger chunks or the serial schedule; when they are faster, it says
+overlap already pays here and points at applying it; a tie says what overlap could hide at most.
+`extra.variants` holds both groups. Waiting for a late peer is told first: overlap is not the fix
+there either way.
+
+## Checked on
+The corpus sweep (tests/test_corpus_sweep.py), the project's 2xH200 tensor-parallel samples, HTA's
+NCCL traces (DDP, trace-diff pair, sampled ranks), and one-GPU traces in the overlap matrix's shape
+with an all-reduce as the transfer, overlapped steps faster and slower than the serial ones
+(tests/test_overlap_matrix.py). A two-rank NCCL version of the overlap matrix is not made yet.
+
 ## Options
 - `min_exposed_share` (0.05): report a device whose exposed comm is at least this share of the run window.
 - `max_overlap_pct` (20.0): also report a device (info unless its share is large) whose overlap % is below this ...
@@ -45,6 +62,9 @@ collective on a side stream (`async_op=True`) and wait for it just before its re
   corpus the host-bound DDP run (hta nccl_data) idles 14.4x its exposed comm; the runs where the
   exposed comm is on the critical path 1.3-2.3x (HTA's trace_diff pair, df_index_resolver, the TP2
   sample).
+- `variant_min_change` (0.03): when the trace holds both a serial and an overlapped variant of the
+  same collectives, step times differing by less than this share (or within the steps' noise) are
+  a tie (the overlap matrix sets it, see G004 transfer-bound).
 - `all_phases` (False): measure every phase of the run. By default a communication kernel mostly
   inside a warm-up, capture or profiler window (`run_phases`) is not counted, and shares are of the
   run's steady time; the finding lists the windows in `extra.left_out`, and a run with no steady
@@ -58,9 +78,14 @@ from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.toolkit import locality, one, rows
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _collectives, _phases
+from tracekit.rules import _collectives, _phases, _variants
 from tracekit.units import duration
 
+# What shortens a step bound by its collectives when overlapping them does not.
+CHEAPER_COLLECTIVES = (
+    "make the collectives themselves cheaper: fewer, larger messages (bucket the small ones), a narrower payload "
+    "dtype, or a smaller group"
+)
 SMALL_MESSAGE_BYTES = 1 << 20  # below ~1 MiB, NCCL time is latency, not bandwidth
 WAITING = 0.5  # share of the exposed time spent waiting for a peer from which the late peer is the story
 
@@ -86,6 +111,7 @@ WAITING = 0.5  # share of the exposed time spent waiting for a peer from which t
             "(the step is bound elsewhere)",
             "ratio",
         ),
+        "variant_min_change": _variants.MIN_CHANGE,
         "all_phases": _phases.ALL_PHASES,
     },
     example=Example(("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")),
@@ -245,6 +271,11 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
     hypothesis, advised = _explain(
         run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams, ctx.workload(run.run_id)
     )
+    variants = None if waiting else _variants.find(con, run.run_id, device, "comm", params["variant_min_change"])
+    next_experiment = advised.text
+    if variants:
+        hypothesis += f" Overlap was tried: {variants.sentence()}."
+        next_experiment = _variants.next_experiment(variants, "collectives", CHEAPER_COLLECTIVES)
     title = (
         f"rank {run.rank if run.rank is not None else '?'} device {device}: {duration(exposed)} of communication "
         f"exposed ({100 * share:.1f}% of the window), {overlap_pct:.1f}% of {duration(comm)} comm overlapped with compute"
@@ -273,6 +304,8 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
             "enclosing_op": launcher["outer"].name if launcher["outer"] else None,
         },
     }
+    if variants:
+        extra["variants"] = variants.record()
     if cross:
         extra["cross_rank"] = {
             "ranks": cross.peers,
@@ -330,7 +363,7 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
         sql_params=sql_params,
         sample_event_ids=[k.event_id for k in sorted(kernels, key=lambda k: (-k.exposed_ns, k.event_id))[:5]],
         hypothesis=hypothesis,
-        next_experiment=advised.text,
+        next_experiment=next_experiment,
         acceptance=rerun(
             "trace of this rank",
             f"exposed_share below {params['min_exposed_share']} (or overlap_pct above {params['max_overlap_pct']}), "

@@ -38,6 +38,25 @@ GPU's busy time (465 ms, 72% of the window), 3.00 GiB at 6.9 GB/s, 11% of PCIe G
 kernels take 1.3 ms. The same loop from pinned memory (`transfer_bound_pinned.json.gz`) copies at
 55.2 GB/s and its window shrinks from 645 ms to 71 ms, still transfer-bound.
 
+## Reading the trace's own evidence
+Before proposing to overlap the copies, the rule looks for the overlapped variant in the trace
+itself (rules/_variants.py): step groups of one run on the device that run the same kernel
+families and copy the same bytes per step, one of them on more streams. When the overlapped steps
+are slower, the next experiment is not overlap but fewer, larger chunks or the serial schedule,
+with both groups' step times and step counts; when they are faster, it says overlap already pays
+here and points at applying it; a tie says what overlap could hide at most and to cut the bytes.
+`extra.variants` holds both groups. On the overlap matrix: copies overlapped in 4 chunks lose 6x at
+the small size (0.72 vs 4.51 ms per step), tie at the medium one (5.53 vs 5.68 ms) and pay 7.6% at
+the large one (49.7 vs 45.9 ms).
+
+## Checked on
+The corpus sweep (tests/test_corpus_sweep.py: every corpus input and sample, warning/critical
+findings against reviewed expectations), the project's H200 weight-streaming samples (pageable and
+pinned) and the H200 overlap matrix (tests/data/overlap_matrix, scripts/make_overlap_matrix.py: 4
+layers, serial vs 4-chunk overlap steps, copies or a second stream's matmul, matmul edge 256 / 2048
+/ 6144): each copy cell's verdict matches the schedules' step times measured without the profiler
+(tests/test_overlap_matrix.py); the matmul cells copy nothing and get no G004 finding.
+
 ## Options
 - `min_busy_share` (0.5): report a device whose copy-only time is at least this share of its busy time.
 - `min_share` (0.01): and at least this share of the run's window.
@@ -46,6 +65,11 @@ kernels take 1.3 ms. The same loop from pinned memory (`transfer_bound_pinned.js
 - `critical_share` (0.25): severity critical when the copy-only time is at least this share of the
   run's window.
 - `warning_share` (0.05): severity warning from this share on; below it, info.
+- `variant_min_change` (0.03): when the trace holds both a serial and an overlapped variant of the
+  same copies (step groups with the same kernels and copied bytes, one running them on more
+  streams), step times differing by less than this share (or within the steps' noise) are a tie.
+  The overlap matrix (`tests/data/overlap_matrix`) sets it: profiled differences of 4.9% and more
+  keep their sign without the profiler, the 2.7% of the medium copy cell flips (-1.7% unprofiled).
 """
 
 from __future__ import annotations
@@ -59,6 +83,7 @@ from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
+from tracekit.rules import _variants
 from tracekit.units import bandwidth, duration, share, size
 
 # What the copy share rests on, for data-quality checks that undermine it.
@@ -135,6 +160,7 @@ ORDER BY l.gpu_dur_ns DESC, l.gpu_event_id LIMIT 1
         "min_share": Param(0.01, "smallest share of the run window worth reporting", "ratio"),
         "link_efficiency": Param(0.7, "host-device copies below this share of the link's rate are slow", "ratio"),
         **share_params("the device's copy-only time over the run window", critical=0.25, warning=0.05),
+        "variant_min_change": _variants.MIN_CHANGE,
     },
     example=Example(("transfer_bound_pageable.json.gz",)),
 )
@@ -233,6 +259,7 @@ def _finding(con, ctx, run, params, device, directions, device_name) -> Finding:
             f"host link of {device_name or 'this device'} unknown: bandwidth is compared between pageable and "
             "pinned copies only"
         )
+    variants = _variants.find(con, run.run_id, device.device, "copy", params["variant_min_change"])
     if any(r["direction"] == "PtoP" for r in records):
         caveats.append("peer-to-peer copies go over NVLink only where `nvidia-smi topo -m` shows NV# between the GPUs")
     return Finding(
@@ -274,8 +301,13 @@ def _finding(con, ctx, run, params, device, directions, device_name) -> Finding:
                 else ""
             )
             + "."
+            + (f" Overlap was tried: {variants.sentence()}." if variants else "")
         ),
-        next_experiment=next_experiment(main.direction if main else "", main.memory if main else ""),
+        next_experiment=(
+            _variants.next_experiment(variants, "copies", CUT_BYTES)
+            if variants
+            else next_experiment(main.direction if main else "", main.memory if main else "")
+        ),
         acceptance=rerun(
             "trace",
             f"copy_only_ns falls below {params['min_busy_share']:.0%} of busy_ns (copies no longer dominate GPU "
@@ -291,8 +323,16 @@ def _finding(con, ctx, run, params, device, directions, device_name) -> Finding:
             "link": link.name if link else None,
             "link_gbps": link.gb_per_s if link else None,
             "directions": records,
+            **({"variants": variants.record()} if variants else {}),
         },
     )
+
+
+# What shortens a copy-bound step when overlapping the copies does not.
+CUT_BYTES = (
+    "cut the bytes copied per step: keep data reused across steps resident on the device or cache it there, "
+    "copy only what changed, or copy it in a narrower dtype"
+)
 
 
 def next_experiment(direction: str, memory: str) -> str:

@@ -281,23 +281,45 @@ class Trace:
 
     # ------------------------------------------------------------------------------ against a baseline
 
-    def diff(self, baseline: Trace, step: str | None = None, accept=(), top: int = 15) -> dict:
+    def diff(
+        self,
+        baseline: Trace,
+        step: str | None = None,
+        accept=(),
+        top: int = 15,
+        baseline_steps: str | None = None,
+        candidate_steps: str | None = None,
+    ) -> dict:
         """This Trace (the candidate) against `baseline`: the diff document of docs/diff.md.
 
         Both sides in one database (`Trace.add`, `Trace.select`) are compared in place. A baseline
         in another database is compared in a scratch in-memory database that both sides' runs are
         copied into (rows streamed through Arrow, never parsed again), so neither database changes
-        and the findings of each side stay those of its own runs."""
+        and the findings of each side stay those of its own runs.
+
+        `baseline_steps` / `candidate_steps`: step name globs (fnmatch over the step's name key or
+        its annotation as written) that select the steps compared on each side, instead of `step`.
+        With them, `baseline` may be this very Trace: two step groups of one trace (serial and
+        overlapped steps of the same layers) are compared, each side a copy of its runs."""
         from tracekit.compare.diff import Side, compare, parse_accept
 
         for a in accept:
             parse_accept(a)  # a bad criterion fails before any copy
         if top < 1:
             raise TracekitError("top must be at least 1")
-        cand, base = self._beside(baseline)
+        globs = None
+        if baseline_steps is not None or candidate_steps is not None:
+            if baseline_steps is None or candidate_steps is None or step is not None:
+                raise TracekitError("step groups need both baseline_steps and candidate_steps, and no step")
+            globs = {"baseline": baseline_steps, "candidate": candidate_steps}
+        if globs and baseline._db is self._db and baseline._run_ids == self._run_ids:
+            cand, base = self._twice()
+        else:
+            cand, base = self._beside(baseline)
         sides = {"baseline": Side("baseline", base.runs), "candidate": Side("candidate", cand.runs)}
-        doc = compare(cand._db.con, sides, step, list(accept), top)
-        self._db.noise[self._pair_key(baseline) + (step,)] = doc["noise"]
+        doc = compare(cand._db.con, sides, step, list(accept), top, step_globs=globs)
+        if globs is None:
+            self._db.noise[self._pair_key(baseline) + (step,)] = doc["noise"]
         return doc
 
     def status(self, baseline: Trace, step: str | None = None, rules=None, params=None) -> dict:
@@ -314,6 +336,21 @@ class Trace:
 
     def _pair_key(self, other: Trace) -> tuple:
         return (id(other._db), other._run_ids, self._run_ids)
+
+    def _twice(self) -> tuple[Trace, Trace]:
+        """This Trace's runs copied twice into a scratch database, as two Traces: one trace's step
+        groups compared with each other by the diff, which takes each run on one side only."""
+        key = self._pair_key(self)
+        if key not in self._db.companions:
+            scratch = _Database.connect(None)
+            try:
+                pair = tuple(Trace(scratch, scratch.copy_from(self._db, self._run_ids)) for _ in range(2))
+            except BaseException:
+                scratch.close()
+                raise
+            self._db.companions[key] = (self._db, *pair)
+        _, cand, base = self._db.companions[key]
+        return cand, base
 
     def _beside(self, other: Trace) -> tuple[Trace, Trace]:
         """(self, other) as Traces of one database, copied into a scratch one when they live apart."""

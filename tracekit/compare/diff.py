@@ -32,6 +32,7 @@ from tracekit.compare.units import (
     WORK_OVERLAP_SQL,
     comparability,
     same_ranks,
+    step_groups,
 )
 from tracekit.compare.window_sums import hits_sql
 from tracekit.db.names import name_key
@@ -67,8 +68,9 @@ def _main_devices(con, run_ids: list[int]) -> dict[int, int | None]:
     return {r: found.get(r) for r in run_ids}
 
 
-def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
-    """The unit of work both sides are compared by: `step` (an annotation name, compared by name key);
+def find_steps(con, sides: dict[str, Side], step: str | None, globs: dict[str, str] | None = None) -> dict:
+    """The unit of work both sides are compared by: with `globs` (a step name glob per side), the
+    steps each side's glob selects (`step_groups`); `step` (an annotation name, compared by name key);
     else the stdlib's step rule (`step_candidates`: ProfilerStep#N, else the most frequent top-level
     user annotation, names keyed so per-run ids do not split one annotation) when it picks the same
     annotation in every run; when the runs' picks differ, the annotation the rule would pick over all
@@ -76,6 +78,15 @@ def find_steps(con, sides: dict[str, Side], step: str | None) -> dict:
     (`anchor_kernel`: a unit is the time from one of its launches to the next); else the whole run,
     which `comparability` rejects. Needs `record_sides` first."""
     all_runs = [r for s in sides.values() for r in s.run_ids]
+    if globs:
+        groups = step_groups(con, sides, globs)
+        names = {side: sorted({g["step"] for g in groups[side]}) for side in SIDES}
+        return {
+            "name": " vs ".join(", ".join(names[side]) for side in SIDES),
+            "source": "--baseline-step / --candidate-step",
+            "groups": groups,
+            "selected": {side: {"glob": globs[side], "steps": names[side]} for side in SIDES},
+        }
     if step:
         key = name_key(step)
         counts = dict(con.execute("SELECT run_id, count(*) FROM step_windows_named(?) GROUP BY 1", [key]).fetchall())
@@ -124,6 +135,21 @@ def record_sides(con, sides: dict[str, Side]) -> None:
             con.execute("INSERT INTO diff_sides VALUES (?, ?, ?)", [r, side.name, devices[r]])
 
 
+# The steps named $step (by name key) of the runs on side $side (of run $run_id only, unless it is NULL;
+# of the annotations $annotations only, unless it is NULL), each with its phase and whether it is
+# compared: the steady steps of a run that has any.
+STEP_KEPT_SQL = """
+INSERT INTO diff_step_kept
+SELECT *, phase = 'steady' OR NOT bool_or(phase = 'steady') OVER (PARTITION BY run_id) AS kept FROM (
+    SELECT s.side, w.run_id, s.device, w.step_index, w.start_ns, w.end_ns, coalesce(p.phase, 'steady') AS phase
+    FROM step_windows_named($step) w JOIN diff_sides s ON s.run_id = w.run_id AND s.side = $side
+    LEFT JOIN step_phases_named($step) p ON p.run_id = w.run_id AND p.step_index = w.step_index
+    WHERE w.run_id = coalesce($run_id, w.run_id)
+      AND ($annotations IS NULL OR list_contains($annotations::VARCHAR[], w.annotation))
+)
+"""
+
+
 def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
     """Fill the temp table diff_windows(side, run_id, device, grp, idx, ts_ns, end_ns); returns phase names."""
     con.execute(
@@ -153,20 +179,19 @@ def build_windows(con, sides: dict[str, Side], step: dict) -> list[str]:
     else:
         # the steady steps of a run that has any: warm-up, capture and profiler steps are other work
         con.execute(
-            """
-            CREATE OR REPLACE TEMP TABLE diff_step_kept AS
-            SELECT *, phase = 'steady' OR NOT bool_or(phase = 'steady') OVER (PARTITION BY run_id) AS kept FROM (
-                SELECT s.side, w.run_id, s.device, w.step_index, w.start_ns, w.end_ns,
-                       coalesce(p.phase, 'steady') AS phase
-                FROM step_windows_named($name) w JOIN diff_sides s USING (run_id)
-                LEFT JOIN steps_named($name) p USING (run_id, step_index)
-            )
-            """,
-            {"name": step["name"]},
+            "CREATE OR REPLACE TEMP TABLE diff_step_kept (side VARCHAR, run_id INTEGER, device INTEGER, "
+            "step_index INTEGER, start_ns BIGINT, end_ns BIGINT, phase VARCHAR, kept BOOLEAN)"
         )
+        selections = step.get("groups") or {
+            side: [{"run_id": None, "step": step["name"], "annotations": None}] for side in SIDES
+        }
+        for side, selected in selections.items():
+            for g in selected:
+                con.execute(STEP_KEPT_SQL, {"side": side, **g})
         con.execute(
-            "INSERT INTO diff_windows SELECT side, run_id, device, 'step', step_index, start_ns, end_ns "
-            "FROM diff_step_kept WHERE kept"
+            "INSERT INTO diff_windows SELECT side, run_id, device, 'step', "
+            "CAST(row_number() OVER (PARTITION BY side, run_id ORDER BY start_ns, end_ns) - 1 AS INTEGER), "
+            "start_ns, end_ns FROM diff_step_kept WHERE kept"
         )
         left = con.execute(
             "SELECT side, phase, count(*) FROM diff_step_kept WHERE NOT kept GROUP BY ALL ORDER BY ALL"
@@ -658,13 +683,21 @@ def _num(x):
 # ------------------------------------------------------------------------------------------ driver
 
 
-def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[str] = (), top: int = 15) -> dict:
-    """The diff document (see docs/diff.md) over a database holding both sides."""
+def compare(
+    con,
+    sides: dict[str, Side],
+    step: str | None = None,
+    accept: list[str] = (),
+    top: int = 15,
+    step_globs: dict[str, str] | None = None,
+) -> dict:
+    """The diff document (see docs/diff.md) over a database holding both sides; `step_globs`: a step
+    name glob per side (`baseline`, `candidate`) that selects the steps compared."""
     criteria = [parse_accept(a) for a in accept]
     ranks = same_ranks(con, sides)
     sides = ranks.sides
     record_sides(con, sides)
-    step_info = find_steps(con, sides, step)
+    step_info = find_steps(con, sides, step, step_globs)
     phases = build_windows(con, sides, step_info)
     e2e = decompose(con, "run", sides, "run", top)
     st = decompose(con, "step", sides, "window", top)
@@ -690,6 +723,7 @@ def compare(con, sides: dict[str, Side], step: str | None = None, accept: list[s
         "candidate": st["_m"]["sides"]["candidate"]["windows"],
         "per_step_ns": {s: st["_m"]["sides"][s]["durations"] for s in SIDES},
         **({"anchor_kernel": step_info["anchor_kernel"]} if step_info.get("anchor_kernel") else {}),
+        **({"selected": step_info["selected"]} if step_info.get("selected") else {}),
         # steps not compared: warm-up, capture or profiler steps of a run that has steady ones
         "left_out": step_info.get("left_out", {}),
         "comparable": verdict["comparable"],

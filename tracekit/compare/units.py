@@ -3,16 +3,32 @@ two sides hold the same work at all.
 
 A unit of work is what both sides repeat: a step annotation or a repeated top-level annotation
 (tracekit.compare.diff.find_steps), else a kernel launched at a steady period (`ANCHOR_KERNEL_SQL`:
-one unit from one launch to the next). Sides are comparable when a unit matches on both, on the same
+one unit from one launch to the next); or, given a name glob per side, the steps each glob selects
+(`step_groups`: two variants of one experiment in one trace, or a group of steps in each of two). Sides are comparable when a unit matches on both, on the same
 ranks, and the GPU work inside the units is alike (`WORK_OVERLAP_SQL`); when not, the diff says why
 instead of giving a verdict (docs/diff.md, Comparability).
 """
 
 from __future__ import annotations
 
+import fnmatch
 from dataclasses import dataclass
 
 from tracekit.compare.sides import SIDES, Side
+from tracekit.errors import TracekitError
+
+# Every annotation of the given runs that can delimit steps (the names `step_candidates` chose from),
+# as written and by name key: what a step glob is matched against.
+STEP_ANNOTATIONS_SQL = """
+SELECT DISTINCT e.run_id, c.name AS step, e.name AS annotation, c.choice
+FROM events e JOIN step_candidates c ON c.run_id = e.run_id AND c.name = name_key(e.name)
+WHERE list_contains($runs, e.run_id) AND e.dur_ns > 0
+  AND ((e.kind IN ('user_annotation', 'cpu_op') AND e.name LIKE 'ProfilerStep#%')
+       OR (e.kind = 'user_annotation' AND e.depth = 0))
+"""
+
+# Names listed when a glob selects nothing.
+LISTED_STEP_NAMES = 12
 
 # A kernel that paces the work: on the main device of every run it starts at least 4 times (3 units),
 # at a steady period (the coefficient of variation of its start-to-start intervals at most $cv in every
@@ -39,13 +55,10 @@ ORDER BY sum(launches), name LIMIT 1
 STEADY_PERIOD_CV = 0.2
 
 
-# A kernel's family (SQL over gpu_activities `a`): its name without 'void ', template arguments and
-# parameter list, architecture tokens masked, so volta_sgemm and ampere_sgemm, sm80 and sm90 variants
-# of one kernel are one family.
-KERNEL_FAMILY = (
-    "regexp_replace(regexp_replace(regexp_replace(a.name, '^void ', ''), '[<(].*$', ''),"
-    " '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g')"
-)
+# A kernel's family (SQL over gpu_activities `a`): the stdlib's `kernel_family` (architecture tokens
+# and tile configurations masked), so volta_sgemm and ampere_sgemm, sm80 and sm90 variants of one
+# kernel, and the same matmul run whole or in chunks, are one family.
+KERNEL_FAMILY = "kernel_family(a.name)"
 
 # How alike the work in the two sides' windows is: each side's kernel launches per family as a share of
 # its launches, and the overlap of the two mixes (sum of the smaller share per family): 1 when both run
@@ -65,11 +78,55 @@ SELECT CASE WHEN count(DISTINCT side) = 2 THEN (
 """
 
 
+def step_groups(con, sides: dict[str, Side], globs: dict[str, str]) -> dict[str, list[dict]]:
+    """Per side, the steps its glob selects: [{run_id, step, annotations}], one entry per step name
+    (name key) of each run of the side. A glob selects a step when it matches (fnmatch, case
+    sensitive) the step's name key (`serial_step`, `ProfilerStep`) or its annotation as written
+    (`ProfilerStep#12`); `annotations` is None when the name key matched (every occurrence), else the
+    written names that did. Every run of a side must hold a selected step."""
+    runs = [r for side in sides.values() for r in side.run_ids]
+    found = con.execute(STEP_ANNOTATIONS_SQL, {"runs": runs}).fetchall()
+    out: dict[str, list[dict]] = {}
+    for name in SIDES:
+        glob = globs[name]
+        selected: list[dict] = []
+        for run_id in sides[name].run_ids:
+            of_run = [(step, annotation, choice) for r, step, annotation, choice in found if r == run_id]
+            picked: dict[str, set[str] | None] = {}
+            for step, annotation, _ in of_run:
+                if fnmatch.fnmatchcase(step, glob):
+                    picked[step] = None
+                elif fnmatch.fnmatchcase(annotation, glob) and picked.get(step, set()) is not None:
+                    picked.setdefault(step, set()).add(annotation)
+            if not picked:
+                raise TracekitError(f"--{name}-step {glob!r}: no step matches in {_label(con, run_id)}; "
+                                    f"its steps: {_listed(of_run)}")  # fmt: skip
+            selected += [{"run_id": run_id, "step": step, "annotations": sorted(a) if a is not None else None}
+                         for step, a in sorted(picked.items())]  # fmt: skip
+        out[name] = selected
+    return out
+
+
+def _listed(of_run: list[tuple]) -> str:
+    """A run's step names, the step rule's order first (eligible names by `choice`, then the rest)."""
+    ranked = sorted({(choice if choice is not None else 1 << 30, step) for step, _, choice in of_run})
+    names = list(dict.fromkeys(step for _, step in ranked))
+    if not names:
+        return "none (no step annotation)"
+    more = f", ... ({len(names) - LISTED_STEP_NAMES} more)" if len(names) > LISTED_STEP_NAMES else ""
+    return ", ".join(names[:LISTED_STEP_NAMES]) + more
+
+
+def _label(con, run_id: int) -> str:
+    return con.execute("SELECT label FROM runs WHERE run_id = ?", [run_id]).fetchone()[0]
+
+
 # Units whose kernel mixes overlap less than this hold different work (docs/diff.md). Over pairs of the
 # corpus and the project's runs (steady steps), runs of one workload overlap 0.74 or more (eager vs
-# CUDA-graph decode 0.96, two runs with volatile ids 1.0, cold vs warm conv-net 0.96, ResNet-50 samples
-# 0.93-0.96, HTA's control vs test on A100 vs V100 0.74) and runs of different workloads 0.41 or less
-# (ResNet-50 vs LLM decode 0.25, AlexNet vs ResNet-50 0.19, two DDP jobs 0.41, CloverLeaf vs SAXPY 0).
+# CUDA-graph decode 0.96, two runs with volatile ids 1.0, cold vs warm conv-net 0.99, ResNet-50 samples
+# 0.95-0.98, HTA's control vs test on A100 vs V100 0.74, serial vs chunked-overlap steps of the same
+# layers 0.89-0.92) and runs of different workloads 0.41 or less (ResNet-50 vs LLM decode 0.25, AlexNet
+# vs ResNet-50 0.20, two DDP jobs 0.41, CloverLeaf vs SAXPY 0).
 MIN_WORK_OVERLAP = 0.5
 
 

@@ -18,3 +18,18 @@ regexp_replace(
             || '|correlation|correlation_id)(\s*[=:]\s*|\s+)[0-9]+', '\1\2\3#', 'g'),
         '#[0-9]+$', ''),
     '([^0-9A-Za-z])[0-9]{5,}$', '\1#');
+
+-- A kernel's family: its name without `void `, template arguments and parameter list, architecture
+-- tokens (`volta_`, `ampere_`, `sm80_`, ...) masked as `ARCH_` and tile sizes (`128x64`) as `#`;
+-- cuBLAS's `nvjet_*` kernels by their kind alone (`nvjet_ARCH_tst`: cluster shape, cooperative mode
+-- and layout follow the tile). One routine renamed by its template arguments, its architecture or
+-- the tile configuration a GEMM library picks per shape is one family, so the same matmul run whole
+-- or in chunks matches: `ampere_sgemm_128x64_nn` -> `ARCH_sgemm_#_nn`. NULL stays NULL.
+CREATE OR REPLACE MACRO kernel_family(name) AS
+regexp_replace(
+    regexp_replace(
+        regexp_replace(
+            regexp_replace(regexp_replace(name, '^void ', ''), '[<(].*$', ''),
+            '(volta|turing|ampere|hopper|blackwell|sm[0-9]+[a-z]?)_', 'ARCH_', 'g'),
+        '^(nvjet_ARCH_[a-z]+)_.*$', '\1'),
+    '[0-9]+(x[0-9]+)+', '#', 'g');
