@@ -127,7 +127,7 @@ def _sweep_intro() -> list[str]:
         f"{ascend} Ascend outputs there and {len(names) - public - ascend} of the project's own runs in "
         f"sample_traces/ ({len(errors)} of them end in the error their row names). Each warning or critical "
         "finding must match a reviewed row of `tests/data/corpus_expectations.md`, which says why it is true; "
-        'any other one fails the suite. A rule\'s "Checked on" lists where it fires and the device-made '
+        'any other one fails the suite. A rule\'s "Held to by the suite" lists where it fires and the device-made '
         "variation matrices its tests hold it to.",
         "",
     ]
@@ -192,7 +192,7 @@ def _tested_by(tests: list[str]) -> str:
 
 
 def _checked_on_section(rule: Rule) -> list[str]:
-    return ["### Checked on", "", *_sweep_lines(rule), *_matrix_lines(rule)]
+    return ["### Held to by the suite", "", *_sweep_lines(rule), *_matrix_lines(rule)]
 
 
 def render() -> str:

@@ -243,8 +243,12 @@ def main(argv=None) -> None:
             raise SystemExit(f"cell {cell_name(c)} failed")
         results.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(cell_name(c), results[-1]["size_bytes"], results[-1]["transfer_chunks"], flush=True)
-    doc = {"command": "python3 scripts/make_gil_matrix.py", "rules": ["H002"],
-           "dimensions": ["gil", "poll", "window_us", "ops", "other"], "cells": results}
+    doc = {
+        "command": "python3 scripts/make_gil_matrix.py",
+        "rules": ["H002"],
+        "dimensions": ["gil", "poll", "window_us", "ops", "other"],
+        "cells": results,
+    }
     (OUT / "cells.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 

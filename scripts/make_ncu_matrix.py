@@ -174,8 +174,14 @@ def profile(out_dir: str) -> None:
                           else [heads_total, 1],
                           "repeats_per_tile": repeated,
                           "expected": "repeated work per tile" if repeated else "no repetition"})  # fmt: skip
-    doc = {"command": "python scripts/make_ncu_matrix.py tests/data/ncu_matrix", "rules": ["K001"],
-           "dimensions": ["variant", "report", "gate", "part"], "K": K, "V": V, "cells": cells}
+    doc = {
+        "command": "python scripts/make_ncu_matrix.py tests/data/ncu_matrix",
+        "rules": ["K001"],
+        "dimensions": ["variant", "report", "gate", "part"],
+        "K": K,
+        "V": V,
+        "cells": cells,
+    }
     with open(os.path.join(out_dir, "cells.json"), "w") as f:
         f.write(json.dumps(doc, indent=1) + "\n")
 

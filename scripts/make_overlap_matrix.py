@@ -112,8 +112,12 @@ def main(argv: list[str]) -> int:
     cells = [run(kind, size, out_dir) for kind in ("copy", "compute") for size in SIZES]
     for c in cells:
         print(c["file"], c["serial_ms"], c["overlap_ms"], "pays" if c["overlap_pays"] else "loses", flush=True)
-    doc = {"command": "python scripts/make_overlap_matrix.py tests/data/overlap_matrix", "rules": ["C001"],
-           "dimensions": ["kind", "size"], "cells": cells}
+    doc = {
+        "command": "python scripts/make_overlap_matrix.py tests/data/overlap_matrix",
+        "rules": ["C001", "G004"],
+        "dimensions": ["kind", "size"],
+        "cells": cells,
+    }
     with open(os.path.join(out_dir, "cells.json"), "w") as f:
         f.write(json.dumps(doc, indent=1) + "\n")
     return 0

@@ -163,7 +163,12 @@ def main() -> None:
     ]
     (args.out_dir / "cells.json").write_text(
         json.dumps(
-            {"command": f"python scripts/make_pageable_copy_trace.py --out-dir {args.out_dir}", "cells": cells},
+            {
+                "command": f"python scripts/make_pageable_copy_trace.py --out-dir {args.out_dir}",
+                "rules": ["H001"],
+                "dimensions": ["direction", "memory", "size"],
+                "cells": cells,
+            },
             indent=1,
         )
         + "\n"

@@ -153,6 +153,8 @@ def main() -> None:
         })  # fmt: skip
     meta = {
         "command": f"python3 scripts/make_repeated_launch_matrix.py --out-dir {args.out_dir}",
+        "rules": ["K002"],
+        "dimensions": ["body", "compiled", "record_shapes"],
         "torch_version": torch.__version__,
         "device": torch.cuda.get_device_name(0),
         "python_version": platform.python_version(),
