@@ -23,7 +23,8 @@ demo: $(VENV)/.installed
 test: $(VENV)/.installed-dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	# one worker per core, at most four: the suite is mostly single-threaded Python and DuckDB per test
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/run.py
