@@ -29,7 +29,7 @@ _DOCS: dict = {}
 def run_diff(baseline, candidate, **kw):
     """Both sides in one database, as `tracekit diff` builds it."""
     with tracekit.open(*baseline, labels=side_labels("baseline", baseline)) as base:
-        cand = base.add(*candidate, labels=side_labels("candidate", candidate))
+        cand = base.add(*candidate, labels=side_labels("candidate", candidate), same_content="keep")
         return cand.diff(base, **kw)
 
 

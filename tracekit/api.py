@@ -51,6 +51,7 @@ def open(
     metrics: tuple[str, ...] = (),
     progress=None,
     read_only: bool = False,
+    same_content: str = "skip",
 ) -> Trace:
     """Open profiler output as a Trace.
 
@@ -63,7 +64,9 @@ def open(
     {file: duration} (ns, or text such as "-7h", "+250us") or "FILE=DURATION" strings, matched by
     path or file name. `rank`: rank for traces that name none. `metrics`: error columns of a
     numerics report. `progress`: called with a message before each input. `read_only`: open an
-    existing database without writing to it (no findings can be stored then).
+    existing database without writing to it (no findings can be stored then). `same_content`: what
+    to do with a trace the database holds already (same content): `skip` it (`Trace.duplicates`
+    says which), `replace` its old runs, or `keep` both.
     """
     paths = [Path(p) for p in inputs]
     databases = [p for p in paths if is_database(p)]
@@ -76,15 +79,26 @@ def open(
         paths = []
     if read_only and paths:
         raise TracekitError("read_only opens an existing database; ingesting trace files needs a writable one")
+    created = db is not None and not Path(db).exists()
     database = _Database.connect(db, must_exist=bool(databases) or read_only, read_only=read_only)
     if not paths:
         return Trace(database, database.run_ids())
     try:
         return Trace(database, ()).add(
-            *paths, labels=labels, offsets=offsets, rank=rank, metrics=metrics, progress=progress
+            *paths,
+            labels=labels,
+            offsets=offsets,
+            rank=rank,
+            metrics=metrics,
+            progress=progress,
+            same_content=same_content,
         )
     except BaseException:
+        empty = created and not database.run_ids()
         database.close()
+        if empty:  # a database file this call made and nothing went into: not left behind
+            for leftover in (Path(db), Path(f"{db}.wal")):
+                leftover.unlink(missing_ok=True)
         raise
 
 
@@ -111,10 +125,11 @@ class Analysis:
 class Trace:
     """Runs of one trace database, and everything tracekit computes from them. See the module doc."""
 
-    def __init__(self, database: _Database, run_ids, ingested=()):
+    def __init__(self, database: _Database, run_ids, ingested=(), duplicates=()):
         self._db = database
         self._run_ids = tuple(run_ids)
         self.ingested = list(ingested)  # IngestResult per input file, for a Trace made by open/add
+        self.duplicates = list(duplicates)  # ingest.runs.Duplicate per input not ingested twice
 
     def __repr__(self) -> str:
         where = self._db.path or ":memory:"
@@ -168,9 +183,14 @@ class Trace:
                 )
         return Trace(self._db, chosen)
 
-    def add(self, *inputs, labels=None, offsets=None, rank=None, metrics=(), progress=None) -> Trace:
-        """Ingest more inputs into this database (each once); returns the Trace of the new runs.
-        Findings computed before are computed again, over every run, when next asked for."""
+    def add(
+        self, *inputs, labels=None, offsets=None, rank=None, metrics=(), progress=None, same_content="skip"
+    ) -> Trace:
+        """Ingest more inputs into this database (each once); returns the Trace of the new runs (and of the runs already holding an input).
+        Findings computed before are computed again, over every run, when next asked for. A trace
+        the database holds already is not ingested again (the returned Trace's `duplicates` names
+        it); `same_content="replace"` puts its new run in place of the old ones, `"keep"` keeps both
+        (two sides of a comparison)."""
         from tracekit.ingest import ingest
         from tracekit.ingest.offsets import parse_offsets
 
@@ -184,14 +204,17 @@ class Trace:
         shifts = parse_offsets(offsets or (), paths)
         if isinstance(labels, str):
             labels = [labels]
+        duplicates: list = []
         try:
             results = ingest(
                 self._db.con, paths, rank=rank, labels=list(labels) if labels else None, progress=progress,
-                metrics=tuple(metrics), offsets=shifts,
+                metrics=tuple(metrics), offsets=shifts, same_content=same_content, duplicates=duplicates,
             )  # fmt: skip
         finally:
             self._db.changed()
-        return Trace(self._db, sorted({r.run_id for r in results}), results)
+        # a trace not ingested twice is still one of these inputs: its Trace holds the runs it is in
+        held = {run for d in duplicates for run in d.runs}
+        return Trace(self._db, sorted({r.run_id for r in results} | held), results, duplicates)
 
     # ------------------------------------------------------------------------------------ queries
 
@@ -438,6 +461,11 @@ class _Database:
         path = Path(path) if path is not None else None
         if path is not None and must_exist and not path.exists():
             raise TracekitError(f"{path}: database not found")
+        if path is not None and path.is_file() and path.stat().st_size and not is_database(path):
+            raise TracekitError(
+                f"{path}: not a tracekit database (no DuckDB header); to query a trace, ingest it first: "
+                f"tracekit ingest {path} --db run.duckdb"
+            )
         try:
             con = db.connect(str(path) if path is not None else None, read_only=read_only)
         except Exception as e:  # duckdb.IOException etc.: a locked or non-DuckDB file

@@ -236,7 +236,7 @@ def diff(
     def fill(path):
         # one database holds both sides (run labels baseline/... and candidate/...), as `tracekit diff` builds it
         with api.open(*baseline, db=path, labels=api.side_labels("baseline", baseline)) as base:
-            cand = base.add(*candidate, labels=api.side_labels("candidate", candidate))
+            cand = base.add(*candidate, labels=api.side_labels("candidate", candidate), same_content="keep")
             doc = cand.diff(base, step=step, accept=list(accept or ()), top=top)
             status = cand.status(base, step=step)
             every = base.select()

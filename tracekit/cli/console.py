@@ -96,4 +96,7 @@ def open_inputs(inputs, shifted: bool = True, into=None, **options):
     for r in trace.ingested:
         detail(f"ingested {r.source}: {r.events_ingested} events ({r.events_skipped} skipped) "
                f"in {duration(r.seconds * 1e9)}")  # fmt: skip
+    if verbosity() >= 0:
+        for d in trace.duplicates:
+            click.echo(f"note: {d.describe()}", err=True)
     return trace

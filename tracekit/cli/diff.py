@@ -101,7 +101,7 @@ def command(traces, baselines, candidates, step, baseline_steps, candidate_steps
         if any(api.is_database(p) for p in [*baselines, *candidates]):
             cand = stack.enter_context(open_inputs(candidates, labels=labels))  # compared in a scratch copy
         else:
-            cand = open_inputs(candidates, into=base, labels=labels)  # one database: compared in place
+            cand = open_inputs(candidates, into=base, labels=labels, same_content="keep")  # one database: in place
         doc = cand.diff(base, step=step, accept=accepts, top=top, baseline_steps=baseline_steps,
                         candidate_steps=candidate_steps)  # fmt: skip
     _write(doc, fmt, output)

@@ -16,8 +16,12 @@ from tracekit.cli.options import CONTEXT, INPUT, metric_option, offset_option, o
 @click.option("--label", "labels", multiple=True, help="Run label, once per run (default: file name).")
 @metric_option
 @offset_option
+@click.option(
+    "--replace", is_flag=True,
+    help="Ingest a trace the database holds already (same content) again, in place of its old runs.",
+)  # fmt: skip
 @output_options()
-def command(traces, db_path, rank, labels, metrics, fmt):
+def command(traces, db_path, rank, labels, metrics, replace, fmt):
     """Load traces (files, or folders a profiler wrote) into a database; prints events read =
     ingested + skipped per file.
 
@@ -28,7 +32,14 @@ def command(traces, db_path, rank, labels, metrics, fmt):
     from tracekit.render.tables import emit_rows
     from tracekit.units import duration
 
-    with open_inputs(traces, db=db_path, rank=rank, labels=list(labels) or None, metrics=metrics) as trace:
+    with open_inputs(
+        traces,
+        db=db_path,
+        rank=rank,
+        labels=list(labels) or None,
+        metrics=metrics,
+        same_content="replace" if replace else "skip",
+    ) as trace:
         results = trace.ingested
     structured = fmt in ("json", "jsonl")
     cols = ["run_id", "source", "rank", "events_read", "events_ingested", "events_skipped", "skipped_reasons",

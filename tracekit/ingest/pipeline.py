@@ -13,13 +13,15 @@ from pathlib import Path
 from tracekit import compression
 from tracekit import db as dbmod
 from tracekit.db import next_run_id
+from tracekit.errors import TracekitError
 from tracekit.ingest import processes, runs
+from tracekit.ingest.digest import content_digest
 from tracekit.ingest.entities import fill_entities
 from tracekit.ingest.inputs import Input, classify, expand
 from tracekit.ingest.native import export_native, is_native
 from tracekit.ingest.nesting import compute_nesting
 from tracekit.ingest.offsets import measure
-from tracekit.ingest.runs import IngestResult
+from tracekit.ingest.runs import Duplicate, IngestResult
 from tracekit.ingest.transaction import run_or_nothing, transaction
 from tracekit.parsers import rows
 
@@ -66,9 +68,16 @@ def ingest(
     align: bool = True,
     metrics: tuple[str, ...] = (),
     offsets: dict | None = None,
+    same_content: str = "skip",
+    duplicates: list | None = None,
 ) -> list[IngestResult]:
     """Ingest files and folders (see inputs.expand) in order, the logs that join a trace with it (see
     plan); one IngestResult per file.
+
+    `same_content`, for a trace whose content this database already holds (`content_digest` in its
+    ingest_log notes) or that an earlier input of the call has: `skip` it (a runs.Duplicate goes into
+    `duplicates`), `replace` the runs holding it (deleted once the new run is in), or `keep` both
+    (the two sides of a diff in one database).
 
     `align`: shift a log attached to a trace onto the trace's clock by the offset measured on the
     events both share (runtime-event logs) or on their windows (server logs); `offsets` (path -> ns)
@@ -85,7 +94,15 @@ def ingest(
                 offsets.setdefault(paths[i], offsets.get(p, 0))
         options = {"metrics": tuple(metrics), "tmpdir": tmpdir}
         inputs = expand(paths, **options)
-        results = _ingest_all(con, inputs, options, rank, labels, progress, align, offsets)
+        done: list[IngestResult] = []
+        try:
+            _ingest_all(con, inputs, options, rank, labels, progress, align, offsets, same_content, duplicates, done)
+        except TracekitError as e:
+            if not done:
+                raise
+            kept = ", ".join(f"{Path(r.source).name} as run {r.run_id}" for r in done)
+            raise TracekitError(f"{e} (the inputs before it were ingested and kept: {kept})") from None
+        results = done
     finally:
         for export in exported:
             shutil.rmtree(export.parent, ignore_errors=True)
@@ -112,10 +129,12 @@ class Part:
         return self.input.reader
 
 
-def _ingest_all(con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets) -> list[IngestResult]:
+def _ingest_all(
+    con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results
+) -> None:
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
     units = plan([i.path for i in inputs], readers=[i.reader for i in inputs])
-    results = []
+    units, replaced = _without_duplicates(con, inputs, units, same_content, duplicates)
     with ThreadPoolExecutor(max_workers=1) as pool:
         reads = _Reads(pool, inputs, [first for first, _ in units], options, progress)
         try:
@@ -130,10 +149,60 @@ def _ingest_all(con, inputs: list[Input], options: dict, rank, labels, progress,
                     results += _ingest_run(con, parts[-1], parts[:-1], rank, label, started, align, offsets)
                 finally:
                     _cleanup(*parts)
+                if replaced.get(first):
+                    _delete_runs(con, replaced[first])
         except BaseException:
             reads.discard()
             raise
-    return results
+
+
+def _without_duplicates(con, inputs: list[Input], units: list, same_content: str, duplicates: list | None):
+    """The units to ingest (each trace's digest noted for its ingest_log row: see ingest), and with
+    `replace`, for each unit index the runs its new run replaces."""
+    if same_content not in ("skip", "replace", "keep"):
+        raise ValueError(f"same_content: skip, replace or keep, not {same_content!r}")
+    kept, replaced, seen = [], {}, {}
+    for first, log_indexes in units:
+        item = inputs[first]
+        if not item.path.is_file():
+            kept.append((first, log_indexes))
+            continue
+        digest = content_digest(item.path)
+        item.notes["content_digest"] = digest
+        if same_content == "keep":
+            kept.append((first, log_indexes))
+            continue
+        replace = same_content == "replace"
+        held = [
+            r[0]
+            for r in con.execute(
+                "SELECT DISTINCT run_id FROM ingest_log WHERE json_extract_string(notes, '$.content_digest') = ? "
+                "ORDER BY run_id",
+                [digest],
+            ).fetchall()
+        ]
+        found = None
+        if digest in seen and not replace:
+            found = Duplicate(str(item.path), [], str(seen[digest]))
+        elif held and not replace:
+            found = Duplicate(str(item.path), held, None)
+        if found is not None:
+            if duplicates is not None:
+                duplicates.append(found)
+            continue
+        seen.setdefault(digest, item.path)
+        if held:
+            replaced[first] = held
+        kept.append((first, log_indexes))
+    return kept, replaced
+
+
+def _delete_runs(con, run_ids: list[int]) -> None:
+    from tracekit.db import run_tables
+
+    with transaction(con):
+        for table in run_tables(con):
+            con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [run_ids])
 
 
 class _Reads:

@@ -31,6 +31,22 @@ class IngestResult:
         return dict(self.__dict__)
 
 
+@dataclass
+class Duplicate:
+    """An input not ingested because its content is there already: in `runs` of this database, or
+    (`earlier`) in an input given before it in the same call."""
+
+    source: str
+    runs: list[int]
+    earlier: str | None = None
+
+    def describe(self) -> str:
+        where = f"given earlier as {self.earlier}" if self.earlier else (
+            f"already in this database as run{'s' if len(self.runs) > 1 else ''} {', '.join(map(str, self.runs))}"
+        )  # fmt: skip
+        return f"{self.source}: same content {where}; not ingested again (--replace ingests it anew)"
+
+
 def default_label(path: Path) -> str:
     """The file name without its compression suffix and its format's (`rank0.pt.trace.json.gz` ->
     `rank0.pt.trace`)."""

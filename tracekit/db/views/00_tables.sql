@@ -111,8 +111,10 @@ CREATE TABLE IF NOT EXISTS ingest_log (
     -- JSON object reason -> count: `missing ph`, `missing ts`, `complete event without dur`,
     -- `negative dur`, `not a JSON object`, and the format-specific reasons below
     skipped_reasons JSON,
-    -- JSON: the clock used, event keys outside the Trace Event Format kept in `events.extra`, and
-    -- the format-specific notes below
+    -- JSON: the clock used, event keys outside the Trace Event Format kept in `events.extra`,
+    -- `content_digest` (the file's sha256, or for a file over 16 MiB a sha256 of its size, ends and
+    -- 32 blocks between: a trace of the same content is not ingested twice, unless `--replace`),
+    -- and the format-specific notes below
     notes JSON,
     -- wall-clock seconds the read took
     seconds DOUBLE
