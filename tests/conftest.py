@@ -40,7 +40,7 @@ def loaded():
         key = tuple(str(p) for p in paths)
         if key not in _CACHE:
             con = db.connect(None)
-            ingest(con, list(paths))
+            ingest(con, list(paths), same_content="keep")  # a path given twice is two runs here
             _CACHE[key] = con
         return _CACHE[key]
 
