@@ -127,6 +127,7 @@ def _kind_expr() -> str:
 
 def _skip_reason_expr() -> str:
     return """CASE
+        WHEN _absurd IS NOT NULL THEN _absurd
         WHEN ph IS NULL AND ts IS NULL AND name IS NULL AND cat IS NULL AND args IS NULL AND pid IS NULL
             THEN 'not a JSON object'
         WHEN ph IS NULL THEN 'missing ph'
@@ -156,11 +157,12 @@ def _sample_keys(array_path: Path) -> tuple[list[str], bool]:
             break
         try:
             event, pos = decoder.raw_decode(text, pos)
-        except ValueError:  # cut off at the sample's end, or malformed (reported by the real read)
+        except (ValueError, RecursionError):  # cut off, malformed or nested too deep: the real read says
             break
         if isinstance(event, dict):
             keys.update(event)
-            phases.add(event.get("ph"))
+            phase = event.get("ph")
+            phases.add(phase if isinstance(phase, str) or phase is None else repr(phase))  # a list is no phase
     generic = bool(keys & set(chrome_pairs.GENERIC_COLUMNS)) or bool(phases - {None, *chrome_pairs.KINETO_PHASES})
     return sorted(k for k in keys - set(EVENT_COLUMNS)), generic
 
@@ -268,6 +270,23 @@ def _ts_ns_expr(exact: bool) -> str:
 
 RAW_TABLE = "_tracekit_raw_events"
 
+# |ts|, |dur| and |ts + dur| beyond this many microseconds (127 years) are no times of a trace: in
+# nanoseconds with a base time added they would overflow a BIGINT. Such events (and NaN, Infinity)
+# are skipped with a reason instead of failing the whole file.
+ABSURD_US = 4e15
+
+
+def _flag_absurd(con) -> None:
+    finite = "(isfinite(CAST({0} AS DOUBLE)) AND abs({0}) <= {1})".format
+    con.execute(f"ALTER TABLE {RAW_TABLE} ADD COLUMN _absurd VARCHAR")
+    con.execute(
+        f"""UPDATE {RAW_TABLE} SET
+            _absurd = CASE WHEN NOT {finite("ts", ABSURD_US)} THEN 'ts not a finite time in range'
+                           ELSE 'dur not a finite duration in range' END,
+            ts = NULL, dur = NULL
+        WHERE NOT {finite("ts", ABSURD_US)} OR NOT {finite("dur", ABSURD_US)} OR NOT {finite("ts + dur", ABSURD_US)}"""
+    )
+
 
 PID_N = "TRY_CAST(pid AS BIGINT)"
 TID_N = "coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT))"
@@ -309,6 +328,7 @@ def _load(
         )
     except Exception as e:  # duckdb.Error subclasses; message carries the byte position
         raise _input_error(staged, e) from None
+    _flag_absurd(con)
     generic = chrome_pairs.needs_generic(con, RAW_TABLE, generic_keys)
     if generic and not generic_keys:
         raise _GenericKeysNeeded

@@ -58,3 +58,57 @@ def test_flipped_bytes_never_crash(tmp_path):
         results.append(outcome(path))
     assert set(results) <= {"ok", "error"}
     assert "error" in results  # most flips break the JSON, and that is reported, not raised raw
+
+
+_EVENTS = [
+    {"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": 100.0, "dur": 50.0, "pid": 1, "tid": 1},
+    {"ph": "X", "name": "cudaLaunchKernel", "cat": "cuda_runtime", "ts": 110.0, "dur": 5.0, "pid": 1, "tid": 1,
+     "args": {"correlation": 7}},
+    {"ph": "X", "name": "gemm", "cat": "kernel", "ts": 120.0, "dur": 20.0, "pid": 0, "tid": 7,
+     "args": {"correlation": 7, "device": 0, "stream": 7}},
+]  # fmt: skip
+# (field, JSON literal written in place of its value) for values no profiler writes
+ABSURD = [("ts", lit) for lit in ("1e30", "-1e30", "NaN", "Infinity", "-Infinity", "1e400", "9" * 400)] + [
+    ("dur", lit) for lit in ("1e30", "NaN", "Infinity", "-9223372036854775808")
+]
+
+
+def _mutated(tmp_path, field, literal, index, name):
+    import json
+
+    events = [dict(e) for e in _EVENTS]
+    events[index][field] = "@@"
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"traceEvents": events}).replace('"@@"', literal))
+    return path
+
+
+@pytest.mark.parametrize(("field", "literal"), ABSURD, ids=[f"{f}={v[:10]}" for f, v in ABSURD])
+def test_absurd_times_are_skipped_with_a_reason_not_a_crash(tmp_path, field, literal):
+    from tracekit.engine.runner import run_rules
+
+    for index in range(len(_EVENTS)):
+        path = _mutated(tmp_path, field, literal, index, f"e{index}")
+        con = db.connect(None)
+        ingest(con, [path])
+        read, ingested, skipped, reasons = con.execute(
+            "SELECT events_read, events_ingested, events_skipped, skipped_reasons FROM ingest_log"
+        ).fetchone()
+        assert (read, ingested, skipped) == (3, 2, 1)
+        assert "not a finite" in reasons
+        run_rules(con)  # the rules run on what is left
+
+
+@pytest.mark.parametrize("literal", ['["X"]', '{"a": 1}', "7", "null"])
+def test_a_phase_that_is_not_a_string_is_skipped(tmp_path, literal):
+    con = db.connect(None)
+    ingest(con, [_mutated(tmp_path, "ph", literal, 0, "ph")])
+    read, ingested, skipped = con.execute(
+        "SELECT events_read, events_ingested, events_skipped FROM ingest_log"
+    ).fetchone()
+    assert (read, ingested, skipped) == (3, 2, 1)
+
+
+def test_deeply_nested_args_do_not_crash(tmp_path):
+    for index, literal in enumerate(("[" * 5000 + "]" * 5000, '{"a":' * 3000 + "1" + "}" * 3000)):
+        assert outcome(_mutated(tmp_path, "args", literal, 0, f"deep{index}")) in ("ok", "error")
