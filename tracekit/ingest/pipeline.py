@@ -22,7 +22,7 @@ from tracekit.ingest.native import export_native, is_native
 from tracekit.ingest.nesting import compute_nesting
 from tracekit.ingest.offsets import measure
 from tracekit.ingest.runs import Duplicate, IngestResult
-from tracekit.ingest.transaction import run_or_nothing, transaction
+from tracekit.ingest.transaction import delete_runs, run_or_nothing, transaction
 from tracekit.parsers import rows
 
 __all__ = ["IngestResult", "ingest", "plan"]
@@ -150,7 +150,7 @@ def _ingest_all(
                 finally:
                     _cleanup(*parts)
                 if replaced.get(first):
-                    _delete_runs(con, replaced[first])
+                    delete_runs(con, replaced[first])
         except BaseException:
             reads.discard()
             raise
@@ -195,14 +195,6 @@ def _without_duplicates(con, inputs: list[Input], units: list, same_content: str
             replaced[first] = held
         kept.append((first, log_indexes))
     return kept, replaced
-
-
-def _delete_runs(con, run_ids: list[int]) -> None:
-    from tracekit.db import run_tables
-
-    with transaction(con):
-        for table in run_tables(con):
-            con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [run_ids])
 
 
 class _Reads:

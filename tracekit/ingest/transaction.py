@@ -33,7 +33,12 @@ def run_or_nothing(con, run_ids: list[int]) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        with transaction(con):
-            for table in run_tables(con):
-                con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [list(run_ids)])
+        delete_runs(con, run_ids)
         raise
+
+
+def delete_runs(con, run_ids: list[int]) -> None:
+    """Every row of these runs, from every table that holds rows of a run, in one transaction."""
+    with transaction(con):
+        for table in run_tables(con):
+            con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [list(run_ids)])
