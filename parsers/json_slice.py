@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracekit import compression
+from tracekit import compression, tempfiles
 from tracekit.errors import InputError
 from tracekit.parsers import json_array
 from tracekit.parsers.json_array import KEY, array_end, find_array_start, first_char, parse_head, split_tail
@@ -81,7 +81,7 @@ def find_boundary(buf: bytes, start: int = 0) -> tuple[int, int] | None:
 
 
 def _temp_file(tmpdir: str | None) -> tuple[int, Path]:
-    fd, name = tempfile.mkstemp(prefix="tracekit-", suffix=".json", dir=tmpdir)
+    fd, name = tempfile.mkstemp(prefix=tempfiles.prefix(), suffix=".json", dir=tmpdir)
     return fd, Path(name)
 
 

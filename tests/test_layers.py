@@ -28,7 +28,7 @@ LAYERS = [
     "tracekit.parsers",
     "tracekit.db",
     "tracekit.compression",  # raises InputError: just above the bottom layer
-    "tracekit.producers | tracekit.errors | tracekit.units",
+    "tracekit.producers | tracekit.errors | tracekit.units | tracekit.tempfiles",
 ]
 # The package root only carries the version and the lazy `tracekit.open`; anything may import it.
 ANYONE = {"tracekit"}

@@ -556,13 +556,13 @@ class _Database:
         by table over every table with a run_id column except `findings`, which is recomputed.
         event_rows keeps file order, and parent_id (a rowid) is renumbered to the copied rows'
         rowids; a checksum over (position, ts_ns, dur_ns, kind, name) proves the order held."""
-        from tracekit.db import next_run_id
+        from tracekit.db import pending
 
         if self.read_only:
             raise TracekitError(f"{self.path}: opened read-only; cannot copy runs in")
         old = sorted(run_ids)
-        first = next_run_id(self.con)
-        new = [first + i for i in range(len(old))]
+        # pending until every table is copied: a copy killed halfway is removed on the next open
+        new = pending.begin(self.con, f"runs {old} of {source.path or 'an in-memory database'}", len(old))
         remap = "CASE run_id " + " ".join(f"WHEN {o} THEN {n}" for o, n in zip(old, new)) + " END"
         try:
             for table, columns in _run_tables(self, source):
@@ -574,11 +574,14 @@ class _Database:
                     f'SELECT {select} FROM "{table}" WHERE list_contains($ids, run_id)', {"ids": old}
                 )
                 self._append(table, columns, rows)
+            pending.finish(self.con, new)
         except BaseException:
             for table, _ in _run_tables(self, self):
                 self.con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [new])
+            pending.finish(self.con, new)
             raise
         finally:
+            pending.forget(self.con, new)
             self.changed()
         return new
 
@@ -634,7 +637,7 @@ def _run_tables(target, source) -> list[tuple[str, list[str]]]:
     out = []
     for table, columns in table_columns(target.con).items():
         shared = [c for c in columns if c in set(theirs.get(table, ()))]
-        if "run_id" in shared and table != "findings":
+        if "run_id" in shared and table not in ("findings", "ingest_pending"):
             out.append((table, shared))
     return out
 

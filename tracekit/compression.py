@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from tracekit import tempfiles
 from tracekit.errors import InputError
 
 GZIP, XZ, ZIP = "gzip", "xz", "zip"
@@ -150,7 +151,7 @@ def read_bytes(path: Path) -> bytes:
 def decompressed_copy(path: Path, tmpdir: str | None = None) -> Path:
     """The content written to a temporary file (in `tmpdir`), for a library that reads files in
     place (SQLite, DuckDB); the caller removes it."""
-    fd, name = tempfile.mkstemp(prefix="tracekit-", suffix="-" + strip_suffix(Path(path).name), dir=tmpdir)
+    fd, name = tempfile.mkstemp(prefix=tempfiles.prefix(), suffix="-" + strip_suffix(Path(path).name), dir=tmpdir)
     try:
         with os.fdopen(fd, "wb") as out:
             for data in chunks(path):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import tempfile
 
-from tracekit import __version__
-from tracekit.db import stdlib
+from tracekit import __version__, tempfiles
+from tracekit.db import pending, stdlib
 from tracekit.db.schema import SCHEMA_VERSION
 
 # The oldest DuckDB whose storage format new database files are written in. A file in a newer
@@ -27,11 +27,13 @@ def connect(path: str | None = None, read_only: bool = False):
     con.execute("SET asof_loop_join_threshold = 0")
     if path is None:
         # an in-memory database spills to disk past its memory limit; keep that out of the cwd
-        con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), f"tracekit-duckdb-{os.getpid()}")])
+        con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), tempfiles.prefix() + "duckdb")])
     if not read_only:
         # an in-memory database lives as long as this process: its comments would cost more than the
         # rest of the schema (one catalog change per column) for readers that never look at them
         ensure_schema(con, comments=path is not None)
+        if path is not None:
+            pending.remove_leftovers(con, run_tables(con))
     return con
 
 
@@ -56,6 +58,7 @@ def ensure_schema(con, comments: bool = True) -> None:
         "INSERT OR REPLACE INTO tracekit_meta VALUES ('schema_version', ?), ('tracekit_version', ?), ('stdlib_digest', ?)",
         [SCHEMA_VERSION, __version__, digest],
     )
+    pending.ensure_sequence(con)
     con.execute("COMMIT")
 
 
@@ -94,11 +97,8 @@ def run_tables(con) -> list[str]:
 
 
 def next_run_id(con) -> int:
-    """One more than any run id a table holds: a run whose rows outlived a crash before its runs row
-    was written is never merged into by the next one."""
-    tables = run_tables(con)
-    union = " UNION ALL ".join(f'SELECT max(run_id) AS m FROM "{t}"' for t in tables)
-    return con.execute(f"SELECT coalesce(max(m), 0) + 1 FROM ({union})").fetchone()[0]
+    """A run id no run has used or will use (see tracekit.db.pending)."""
+    return pending.take_run_ids(con)[0]
 
 
 def current_memory_hint(con) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from tracekit import tempfiles
 from tracekit.errors import InputError
 
 NATIVE_SUFFIXES = (".nsys-rep", ".qdrep", ".ncu-rep")
@@ -39,7 +40,7 @@ def export_native(path: Path, tmpdir: str | None = None) -> Path:
     import tempfile
 
     check_tool(path)
-    folder = Path(tempfile.mkdtemp(prefix="tracekit-export-", dir=tmpdir))
+    folder = Path(tempfile.mkdtemp(prefix=tempfiles.prefix() + "export-", dir=tmpdir))
     if _tool(path) == "ncu":
         out = folder / (path.stem + ".csv")
         command = ["ncu", "--import", str(path), "--csv", "--page", "raw"]

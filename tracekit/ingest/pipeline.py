@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracekit import compression
+from tracekit import compression, tempfiles
 from tracekit import db as dbmod
-from tracekit.db import next_run_id
+from tracekit.db import pending
 from tracekit.errors import TracekitError
-from tracekit.ingest import processes, runs
+from tracekit.ingest import kill_points, processes, runs
 from tracekit.ingest.digest import content_digest
 from tracekit.ingest.entities import fill_entities
 from tracekit.ingest.inputs import Input, classify, expand
@@ -83,6 +83,7 @@ def ingest(
     events both share (runtime-event logs) or on their windows (server logs); `offsets` (path -> ns)
     overrides that for the files it names and shifts any other input as a whole.
     """
+    tempfiles.sweep(tmpdir)  # what killed ingests staged
     paths = [Path(p) for p in paths]
     offsets = {Path(k): v for k, v in (offsets or {}).items()}
     exported: dict[Path, Path] = {}  # export -> the native report it came from
@@ -240,27 +241,39 @@ def _read(item: Input, options: dict) -> Part:
 
 def _ingest_run(con, main: Part, logs: list[Part], rank, label, started, align, offsets) -> list[IngestResult]:
     """One run: its files' rows in one transaction, then what is derived from them in another (see
-    transaction.py); a failure anywhere leaves none of it behind."""
-    run_ids = [next_run_id(con)]
-    with run_or_nothing(con, run_ids):
-        offset = offsets.get(main.input.path, 0)
-        while True:
-            try:
-                with transaction(con):
-                    span, attached = _load(con, run_ids[0], main, logs, offset, align, offsets)
-                break
-            except rows.Reload:
-                continue  # the loader learnt what it needs to read the file right: again, from scratch
-        if offset:
-            main.export.notes["applied_offset_ns"] = offset
-        with transaction(con):
-            ranked = (
-                processes.rank_processes(con, run_ids[0]) if getattr(main.reader, "RANKS_BY_PROCESS", False) else []
-            )
-            if not ranked:
-                return _derive(con, run_ids[0], main, attached, span, rank, label, started)
-            run_ids[1:] = processes.split(con, run_ids[0], ranked)[1:]
-            return _derive_ranks(con, run_ids, ranked, main, attached, span, label, started)
+    transaction.py); a failure anywhere leaves none of it behind, and a kill leaves an
+    `ingest_pending` row by which the next open removes the rest (tracekit.db.pending)."""
+    kill_points.reached("read")
+    run_ids = pending.begin(con, str(main.export.source))
+    try:
+        with run_or_nothing(con, run_ids):
+            offset = offsets.get(main.input.path, 0)
+            while True:
+                try:
+                    with transaction(con):
+                        span, attached = _load(con, run_ids[0], main, logs, offset, align, offsets)
+                        kill_points.reached("rows")
+                    break
+                except rows.Reload:
+                    continue  # the loader learnt what it needs to read the file right: again, from scratch
+            kill_points.reached("rows_committed")
+            if offset:
+                main.export.notes["applied_offset_ns"] = offset
+            with transaction(con):
+                ranked = (
+                    processes.rank_processes(con, run_ids[0]) if getattr(main.reader, "RANKS_BY_PROCESS", False) else []
+                )
+                if ranked:
+                    run_ids[1:] = processes.split(con, run_ids[0], ranked)[1:]
+                    out = _derive_ranks(con, run_ids, ranked, main, attached, span, label, started)
+                else:
+                    out = _derive(con, run_ids[0], main, attached, span, rank, label, started)
+                pending.finish(con, run_ids[:1])
+                kill_points.reached("derived")
+        kill_points.reached("committed")
+        return out
+    finally:
+        pending.forget(con, run_ids[:1])
 
 
 def _load(con, run_id: int, main: Part, logs: list[Part], offset: int, align: bool, offsets: dict):

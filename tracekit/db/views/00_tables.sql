@@ -122,6 +122,23 @@ CREATE TABLE IF NOT EXISTS ingest_log (
     seconds DOUBLE
 );
 
+-- Ingests begun and not finished: one row per run id an ingest took, committed before any of its
+-- rows and deleted in the transaction that writes its `runs` row. A row that outlives its process
+-- names an ingest that was killed (or whose rollback failed); the next time tracekit opens the
+-- database for writing it deletes every row of that run, and of any run id that has rows but no
+-- `runs` row, and says so. Run ids come from the sequence `run_ids`, so a killed ingest's id is
+-- never handed out again.
+CREATE TABLE IF NOT EXISTS ingest_pending (
+    -- the run id the ingest took
+    run_id INTEGER,
+    -- the process that ingests it
+    pid INTEGER,
+    -- path of the file being ingested
+    source VARCHAR,
+    -- when the ingest began (UTC)
+    started_at TIMESTAMP
+);
+
 -- @internal
 -- One row per trace event, in file order within a run: the storage behind the `events` view (same
 -- columns, without `event_id` and `end_ns`). Query the views.
