@@ -4,6 +4,7 @@ the next ingest into the same database must hold exactly its own events, nothing
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -142,10 +143,11 @@ def test_a_failed_ingest_does_not_poison_the_database(tmp_path, clean_counts):
     """A trace whose kernel end overflows INT64 once left rows that broke every later ingest."""
     bad = tmp_path / "overflow.json"
     end = 2**63 // 1000  # in microseconds: ts + dur passes INT64 nanoseconds
-    bad.write_text(
-        '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": %d, "dur": %d},'
-        '{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5}]}' % (end, end)
-    )
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": end, "dur": end},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 10, "dur": 5},
+    ]
+    bad.write_text(json.dumps({"traceEvents": events}))
     db = tmp_path / "t.duckdb"
     first = subprocess.run([TRACEKIT, "ingest", "-q", str(bad), "--db", str(db)], capture_output=True, text=True)
     assert first.returncode in (0, 2) and "Traceback" not in first.stderr, first.stderr

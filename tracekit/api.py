@@ -28,6 +28,7 @@ in any order, with other queries in between. A relation runs its query again on 
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import itertools
 import json
@@ -94,7 +95,10 @@ def open(
             same_content=same_content,
         )
     except BaseException:
-        empty = created and not database.run_ids()
+        try:
+            empty = created and not database.run_ids()
+        except Exception:  # the failure invalidated the connection (a full disk): keep what is on disk
+            empty = False
         database.close()
         if empty:  # a database file this call made and nothing went into: not left behind
             for leftover in (Path(db), Path(f"{db}.wal")):
@@ -210,8 +214,11 @@ class Trace:
                 self._db.con, paths, rank=rank, labels=list(labels) if labels else None, progress=progress,
                 metrics=tuple(metrics), offsets=shifts, same_content=same_content, duplicates=duplicates,
             )  # fmt: skip
-        finally:
-            self._db.changed()
+        except BaseException:
+            with contextlib.suppress(Exception):  # the failure may have invalidated the connection
+                self._db.changed()
+            raise
+        self._db.changed()
         # a trace not ingested twice is still one of these inputs: its Trace holds the runs it is in
         held = {run for d in duplicates for run in d.runs}
         return Trace(self._db, sorted({r.run_id for r in results} | held), results, duplicates)

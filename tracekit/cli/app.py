@@ -11,7 +11,7 @@ import click
 
 from tracekit.cli import agent, analyze, annotate, diff, ingest, mcp, report, rules, schema, sql, tools
 from tracekit.cli.options import CONTEXT, verbosity_options
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, out_of_space
 
 
 class Group(click.Group):
@@ -21,6 +21,12 @@ class Group(click.Group):
         except TracekitError as e:
             click.echo(f"error: {e}", err=True)
             ctx.exit(e.exit_code)
+        except Exception as e:
+            full = out_of_space(e)  # a write anywhere (database, report, temporary files) found no room
+            if full is None:
+                raise
+            click.echo(f"error: {full}", err=True)
+            ctx.exit(full.exit_code)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             ctx.exit(130)

@@ -33,7 +33,12 @@ def run_or_nothing(con, run_ids: list[int]) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        delete_runs(con, run_ids)
+        try:
+            delete_runs(con, run_ids)
+        except Exception:
+            # the database cannot take the delete (a full disk invalidates it): the runs' ingest_pending
+            # row makes the next open remove their rows (tracekit.db.pending)
+            pass
         raise
 
 
