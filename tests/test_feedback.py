@@ -127,7 +127,7 @@ def test_cli_feedback_is_deterministic_and_valid():
     a, b = runner.invoke(cli, args), runner.invoke(cli, args)
     assert a.exit_code == 0, a.output
     assert a.output == b.output
-    doc = json.loads(a.output)
+    doc = unfence(a.output)
     jsonschema.validate(doc, SCHEMA)
     assert doc["tokens_estimate"] <= 1500 and doc["records_shown"] >= 1
     bad = runner.invoke(cli, ["analyze", EAGER, "--budget-tokens", "500"])
@@ -149,7 +149,7 @@ def test_cli_baseline_marks_statuses():
 
     out = runner.invoke(cli, ["analyze", GRAPH, "--baseline", EAGER, "--format", "feedback", "--budget-tokens", "3000"])
     assert out.exit_code in (0, 1), out.output
-    doc = json.loads(out.output)
+    doc = unfence(out.output)
     jsonschema.validate(doc, SCHEMA)
     assert doc["tokens_estimate"] <= 3000
     assert doc["status_summary"]["counts"] == js["finding_status"]["counts"]
@@ -195,7 +195,7 @@ def test_llm_prose_through_real_http(eager_dicts, monkeypatch):
         )  # fmt: skip
         body = server.requests[0]
     assert out.exit_code == 0, out.output
-    doc = json.loads(out.output)
+    doc = unfence(out.output)
     jsonschema.validate(doc, SCHEMA)
     assert OPEN in seen["user"] and "tools" not in body
     first, second, third = doc["records"][:3]
