@@ -75,9 +75,7 @@ async def _concurrent_rounds(traces):
                 ingesting = anyio.Event()
 
                 async def analyze(i):
-                    results[i] = await client.call_tool(
-                        "analyze", {"paths": [traces[i]], "budget_tokens": BUDGET}
-                    )
+                    results[i] = await client.call_tool("analyze", {"paths": [traces[i]], "budget_tokens": BUDGET})
 
                 async def query_meanwhile():
                     # reads of db1 and of the latest database while the others ingest and analyse

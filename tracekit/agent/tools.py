@@ -278,7 +278,8 @@ TOOLS: dict[str, Tool] = {
             "Load trace files (PyTorch/Kineto or any Chrome trace JSON, Nsight Systems SQLite or nsys stats CSV, "
             "Perfetto protobuf, Nsight Compute CSV, runtime-event JSONL, SGLang/vLLM server logs, OTLP/JSON spans, "
             "serving benchmark JSON; recognised by content) into a new session database; a log given after a trace "
-            "joins its run. Returns the handle and per-file event counts.",
+            "joins its run. Paths must lie under the folders the server may read (its --root). Returns the "
+            "handle and per-file event counts.",
             _object({"paths": _PATHS, "labels": {"type": "array", "items": _STR}}, ("paths",)),
             ingest,
         ),
