@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import corpus, sample
+from tests.conftest import CORPUS, ROOT, corpus, sample
 from tracekit.agent.session import Session
 from tracekit.agent.tools import TOOLS, call, cap, openai_tools, schema_document
 from tracekit.cli.app import cli
@@ -50,8 +50,8 @@ def test_shipped_schemas_are_valid_and_cover_every_tool():
 
 
 @pytest.fixture(scope="module")
-def session():
-    with Session() as s:
+def session(tmp_path_factory):
+    with Session(roots=[ROOT, CORPUS, tmp_path_factory.getbasetemp()]) as s:
         yield s
 
 
@@ -63,7 +63,8 @@ def session():
         ("query", {"sql": 5}, "must be of type string"),
         ("analyze", {"path": EAGER}, "unknown argument"),
         ("analyze", {"paths": EAGER}, "must be of type array"),
-        ("ingest", {"paths": ["/nonexistent/trace.json.gz"]}, "not a file or folder"),
+        ("ingest", {"paths": [str(ROOT / "no_such_trace.json.gz")]}, "not a file or folder"),
+        ("ingest", {"paths": ["/nonexistent/trace.json.gz"]}, "outside the folders"),
         ("query", {"sql": "SELECT 1", "database": "db99"}, "no database"),
         ("explain_rule", {"rule": "Z999"}, "Z999"),
         ("get_finding", {"finding_id": "G001-000000000000"}, ""),

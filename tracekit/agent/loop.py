@@ -101,7 +101,7 @@ def cited(answer: str, session: Session) -> list[dict]:
     """Finding ids the answer mentions that exist in this session's databases (in order of mention)."""
     mentioned = FINDING_ID.findall(answer or "")
     known: dict[str, tuple[str, dict]] = {}
-    for entry in session.databases.values():
+    for entry in session.entries():
         # a database the model never analysed is analysed now, so that an id it cites can be checked
         findings = session.analyze(entry) if mentioned else entry.findings or []
         for f in findings:

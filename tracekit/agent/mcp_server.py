@@ -1,7 +1,7 @@
 """`tracekit mcp`: the tools of tools.py as an MCP server over stdio (official MCP Python SDK, low-level Server).
 
 The server holds one Session: the databases it built stay available for the whole connection, and
-tools default to the latest. A tool failure is a result with `is_error: true` and `{error, hint}`,
+tools default to the latest. It reads only paths under its allowed roots (`tracekit mcp --root DIR`). A tool failure is a result with `is_error: true` and `{error, hint}`,
 never a protocol error or a dead server. Successful results carry `structured_content` (validated by
 clients against the tool's output schema) and the same JSON, fenced as trace data, as text.
 """
@@ -60,12 +60,13 @@ def build_server(session: Session):
     )
 
 
-def serve() -> None:
+def serve(roots=None) -> None:
+    """Serve on stdio; the tools read paths under `roots` only (default: the working directory)."""
     import anyio
     from mcp.server.stdio import stdio_server
 
     async def main():
-        with Session() as session:
+        with Session(roots=roots) as session:
             server = build_server(session)
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())

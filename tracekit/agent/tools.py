@@ -56,14 +56,12 @@ def schema_document() -> dict:
 
 
 def _sandbox_rows(entry, sql: str, params: dict | None = None, max_rows: int = 1000) -> list[dict]:
-    from tracekit.agent.sandbox import run_query
-
-    res = run_query(entry.path, sql, max_rows=max_rows, params=params)
+    res = entry.query(sql, max_rows=max_rows, params=params)
     return [dict(zip(res["columns"], r)) for r in res["rows"]]
 
 
 def list_runs(session: Session, database: str | None = None) -> dict:
-    entries = [session.get(database)] if database else list(session.databases.values())
+    entries = [session.get(database)] if database else session.entries()
     out = []
     for e in entries:
         runs = _sandbox_rows(
@@ -81,8 +79,8 @@ def list_runs(session: Session, database: str | None = None) -> dict:
                 "findings_total": len(e.findings) if e.findings is not None else None,
             }
         )
-    latest = session.latest.handle if session.latest else None
-    return {"latest": latest, "databases": out, "truncated": False}
+    latest = session.latest
+    return {"latest": latest.handle if latest else None, "databases": out, "truncated": False}
 
 
 def ingest(session: Session, paths: list[str], labels: list[str] | None = None) -> dict:
@@ -124,12 +122,12 @@ def analyze(
 
 
 def get_finding(session: Session, finding_id: str, database: str | None = None) -> dict:
-    from tracekit.agent.sandbox import QueryRefused, run_query
+    from tracekit.agent.sandbox import QueryRefused
 
     entry, finding = session.find(finding_id, database)
     out = {"database": entry.handle, "finding": finding, "truncated": False}
     try:
-        res = run_query(entry.path, finding["evidence"]["sql"], max_rows=5, params=finding["evidence"]["params"])
+        res = entry.query(finding["evidence"]["sql"], max_rows=5, params=finding["evidence"]["params"])
         out["evidence_rows"] = {"columns": res["columns"], "rows": res["rows"]}
     except QueryRefused as e:
         out["note"] = f"evidence SQL not recomputed: {e}"
@@ -152,13 +150,13 @@ def explain_rule(session: Session, rule: str) -> dict:
 
 
 def query(session: Session, sql: str, database: str | None = None, max_rows: int = 50) -> dict:
-    from tracekit.agent.sandbox import QueryRefused, run_query
+    from tracekit.agent.sandbox import QueryRefused
 
     entry = session.get(database)
     if not 1 <= max_rows <= 500:
         raise ToolError("max_rows must be between 1 and 500", "aggregate in SQL instead of fetching many rows")
     try:
-        res = run_query(entry.path, sql, max_rows=max_rows)
+        res = entry.query(sql, max_rows=max_rows)
     except QueryRefused as e:
         raise ToolError(str(e), e.hint) from None
     res["database"] = entry.handle
@@ -243,7 +241,8 @@ def diff(
             return doc, status, base.runs, cand.runs, every.finding_records(), every.analysis().notes
 
     entry, (doc, status, base_runs, cand_runs, findings, notes) = session.build([*baseline, *candidate], fill)
-    entry.findings, entry.notes = findings, [n.as_dict() for n in notes]
+    entry.notes = [n.as_dict() for n in notes]  # before findings, which tell other calls that both are set
+    entry.findings = findings
     noise = {k: v for k, v in doc["noise"].items() if k != "phases"}
     phases = {p: {k: v for k, v in d.items() if k != "contributors"} for p, d in doc["delta"]["phases"].items()}
     return {
@@ -279,7 +278,8 @@ TOOLS: dict[str, Tool] = {
             "Load trace files (PyTorch/Kineto or any Chrome trace JSON, Nsight Systems SQLite or nsys stats CSV, "
             "Perfetto protobuf, Nsight Compute CSV, runtime-event JSONL, SGLang/vLLM server logs, OTLP/JSON spans, "
             "serving benchmark JSON; recognised by content) into a new session database; a log given after a trace "
-            "joins its run. Returns the handle and per-file event counts.",
+            "joins its run. Paths must lie under the folders the server may read (its --root). Returns the "
+            "handle and per-file event counts.",
             _object({"paths": _PATHS, "labels": {"type": "array", "items": _STR}}, ("paths",)),
             ingest,
         ),

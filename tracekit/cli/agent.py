@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 import click
 
-from tracekit.cli.options import CONTEXT, INPUT, output_options
+from tracekit.cli.options import CONTEXT, INPUT, output_options, root_option
 from tracekit.errors import TracekitError
 
 
@@ -22,9 +23,13 @@ from tracekit.errors import TracekitError
 )
 @click.option("--max-turns", type=click.IntRange(1, 50), default=8, show_default=True, help="Model calls at most.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds per model call.")
+@root_option
 @output_options(("text", "json"))
-def command(traces, prompt, base_url, model, api_key_env, max_turns, timeout, fmt):
+def command(traces, prompt, base_url, model, api_key_env, max_turns, timeout, roots, fmt):
     """Let a model investigate traces with the tracekit tools; print its answer and the findings it cited.
+
+    The model's tool calls read files only under the --root folders (default: the working directory)
+    and the TRACES named here.
 
     \b
         export ZAI_API_KEY=...
@@ -49,7 +54,8 @@ def command(traces, prompt, base_url, model, api_key_env, max_turns, timeout, fm
     if not key:
         raise TracekitError(f"no API key: set {api_key_env} (or pass --api-key-env NAME)")
     client = openai_client(base_url, key, timeout)
-    with Session() as session:
+    # the traces named on the command line are the user's choice: the model may read them wherever they are
+    with Session(roots=[*(roots or [Path.cwd()]), *traces]) as session:
         try:
             result = run_agent(client, model, prompt, session, [str(t) for t in traces], max_turns=max_turns)
         except openai.OpenAIError as e:

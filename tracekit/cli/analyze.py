@@ -102,7 +102,7 @@ def command(
                 doc = trace.feedback(
                     budget_tokens, rule_keys, overrides, baseline=base, step=step, llm=client, model=model
                 )
-                _write_json(doc, out)
+                _write_fenced(doc, out)
             else:
                 _write_report(report, diff_doc, status_doc, fmt, out)
     worst = worst_severity(findings)
@@ -124,10 +124,11 @@ def _write_report(report: dict, diff_doc: dict | None, status_doc: dict | None, 
         out.write("\n" + render_diff(diff_doc, fmt) + status_text(status_doc))
 
 
-def _write_json(doc: dict, out) -> None:
-    import json
+def _write_fenced(doc: dict, out) -> None:
+    # the records go to models, and their names come from the trace: fenced as data, as the tools send them
+    from tracekit.findings.fence import fence
 
-    out.write(json.dumps(doc, indent=2, default=str) + "\n")
+    out.write(fence(doc, "feedback", indent=2) + "\n")
 
 
 def _llm_client(base_url: str | None, api_key_env: str):

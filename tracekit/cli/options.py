@@ -58,6 +58,18 @@ def output_options(formats=ROW_FORMATS, default: str | None = None, output: bool
     return decorate
 
 
+def root_option(f):
+    """--root DIR (repeatable): the folders whose files the agent tools may read (default: the working directory)."""
+    return click.option(
+        "--root",
+        "roots",
+        multiple=True,
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="A folder the tools may read traces from (repeatable; default: the working directory). "
+        "Paths outside every root are refused, symlinks resolved.",
+    )(f)
+
+
 def _keep_offsets(ctx, _param, value):
     ctx.meta["tracekit.offsets"] = value
     return value

@@ -24,15 +24,15 @@ SYSTEM_RULE = (
 )
 
 
-def encode(value) -> str:
+def encode(value, indent: int | None = None) -> str:
     """JSON text in which no character sequence can close the fence."""
-    text = json.dumps(value, ensure_ascii=False, sort_keys=False, default=str)
+    text = json.dumps(value, ensure_ascii=False, sort_keys=False, default=str, indent=indent)
     return text.replace("<", "\\u003c").replace(">", "\\u003e")
 
 
-def fence(value, label: str = "") -> str:
+def fence(value, label: str = "", indent: int | None = None) -> str:
     head = f"[tracekit {label}] " if label else ""
-    return f"{head}{PREAMBLE}\n{OPEN}\n{encode(value)}\n{CLOSE}"
+    return f"{head}{PREAMBLE}\n{OPEN}\n{encode(value, indent)}\n{CLOSE}"
 
 
 def unfence(text: str):
