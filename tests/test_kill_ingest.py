@@ -155,3 +155,17 @@ def test_a_failed_ingest_does_not_poison_the_database(tmp_path, clean_counts):
     assert later.returncode == 0, later.stderr
     runs = _check_exact(db, clean_counts | {bad: _events_of_a_clean_ingest(bad) if first.returncode == 0 else []})
     assert str(LATER) in runs.values()
+
+
+def test_a_read_only_open_says_what_a_killed_ingest_left(tmp_path):
+    """`tracekit sql` opens read-only and cannot remove the rows: it says they are there."""
+    db, tmp = tmp_path / "t.duckdb", tmp_path / "tmp"
+    tmp.mkdir()
+    assert _ingest(db, LATER, tmp, kill_at="rows_committed").returncode == -signal.SIGKILL
+    query = subprocess.run([TRACEKIT, "sql", str(db), "SELECT count(*) AS runs FROM runs"], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert query.returncode == 0, query.stderr
+    assert "run 1 is an ingest of" in query.stderr and "did not finish" in query.stderr
+    assert _ingest(db, LATER, tmp).returncode == 0
+    again = subprocess.run([TRACEKIT, "sql", str(db), "SELECT 1"], capture_output=True, text=True, timeout=120)
+    assert "did not finish" not in again.stderr

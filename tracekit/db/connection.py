@@ -28,6 +28,8 @@ def connect(path: str | None = None, read_only: bool = False):
     if path is None:
         # an in-memory database spills to disk past its memory limit; keep that out of the cwd
         con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), tempfiles.prefix() + "duckdb")])
+    if read_only and path is not None:
+        pending.report_leftovers(con)
     if not read_only:
         # an in-memory database lives as long as this process: its comments would cost more than the
         # rest of the schema (one catalog change per column) for readers that never look at them

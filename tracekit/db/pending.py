@@ -116,6 +116,25 @@ def remove_leftovers(con, tables: list[str]) -> list[str]:
     return lines
 
 
+def report_leftovers(con) -> list[str]:
+    """For a database opened read-only, which cannot remove them: the runs an ingest did not finish,
+    said on stderr (their rows are still in the tables a query reads)."""
+    import duckdb
+
+    try:
+        rows = con.execute("SELECT run_id, source FROM ingest_pending ORDER BY run_id").fetchall()
+    except duckdb.CatalogException:  # written before ingest_pending existed
+        return []
+    with _LIVE_LOCK:
+        rows = [(r, source) for r, source in rows if (_file(con), r) not in _LIVE]
+    lines = [f"tracekit: {_file(con)}: run {r} is an ingest of {source} that did not finish (killed or failed); "
+             "its rows are still here until tracekit opens the database for writing (tracekit ingest or analyze)"
+             for r, source in rows]  # fmt: skip
+    for line in lines:
+        print(line, file=sys.stderr)
+    return lines
+
+
 def _max_run_id(con) -> int:
     from tracekit.db.connection import run_tables
 
