@@ -37,7 +37,7 @@ BAR_THICKNESS = 0.8
 # Plotly widens an opaque bar thinner than 2 px to whole pixels, which would draw tiny kernels as
 # more busy than they were; a colour a little short of opaque is drawn at its exact size
 BAR_ALPHA = 0.92
-LANE_PX = 28
+LANE_PX = 32
 LABEL_ROW_PX = 16
 TRACK_GAP_PX = 28
 TOP_PX = 56  # the title
@@ -218,17 +218,14 @@ def _marks(t: tl.Timeline, findings: list[dict], numbers: dict[str, int]) -> lis
         if hi > lo:
             spans.setdefault((lo, hi), []).append(f)
     out = []
+    severities = list(SEVERITY_COLORS)
     for (lo, hi), fs in sorted(spans.items()):
         fs.sort(key=lambda f: numbers[f["id"]])
-        worst = min(
-            fs, key=lambda f: list(SEVERITY_COLORS).index(f["severity"]) if f["severity"] in SEVERITY_COLORS else 9
-        )
-        out.append(_Mark(
-            lo, hi, ", ".join(f"#{numbers[f['id']]}" for f in fs),
-            ", ".join(f'<a href="#{_e(f["id"])}" target="_self">#{numbers[f["id"]]}</a>' for f in fs),
-            "<br>".join(f"#{numbers[f['id']]} {_e(f['id'])}: {_e(_short(f['title'], 100))}" for f in fs),
-            SEVERITY_COLORS.get(worst["severity"], "#999"),
-        ))  # fmt: skip
+        color = SEVERITY_COLORS[min((f["severity"] for f in fs), key=severities.index)]
+        # plotly colours links its own blue unless the link says otherwise
+        links = [f'<a href="#{_e(f["id"])}" target="_self" style="color:{color}">#{numbers[f["id"]]}</a>' for f in fs]
+        hover = "<br>".join(f"#{numbers[f['id']]} {_e(f['id'])}: {_e(_short(f['title'], 100))}" for f in fs)
+        out.append(_Mark(lo, hi, ", ".join(f"#{numbers[f['id']]}" for f in fs), ", ".join(links), hover, color))
     return out
 
 
@@ -450,7 +447,7 @@ def _where(loc: dict) -> str:
     return ", ".join(parts)
 
 
-def _finding_html(f: dict, origins: dict[int, tuple[int, str]]) -> str:
+def _finding_html(f: dict, number: int, origins: dict[int, tuple[int, str]]) -> str:
     loc = f["locality"]
     color = SEVERITY_COLORS.get(f["severity"], "#999")
     w = loc.get("window_ns")
@@ -465,7 +462,7 @@ def _finding_html(f: dict, origins: dict[int, tuple[int, str]]) -> str:
     params = json.dumps(f["evidence"].get("params") or {}, default=str)
     return f"""
 <div class="finding" id="{_e(f["id"])}" style="border-left-color: {color}">
-<h3><span class="sev" style="background: {color}">{_e(f["severity"])}</span> {_e(f["title"])}</h3>
+<h3>#{number} <span class="sev" style="background: {color}">{_e(f["severity"])}</span> {_e(f["title"])}</h3>
 <p class="note">{_e(f["id"])} &middot; {_e(_where(loc))}{_e(when)} &middot; impact {duration(f["impact"]["time_ns"])}
 ({share(f["impact"]["share_of_window"])} of the window) &middot; confidence {f["confidence"]}</p>
 <p><b>Observed</b>: {_e(obs.get("value"))} {_e(obs.get("unit"))} {_e(obs.get("what"))};
@@ -720,7 +717,10 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
         ))  # fmt: skip
 
     if findings:
-        page.add('<h2 id="tk-details">Findings in detail</h2>' + "".join(_finding_html(f, origins) for f in findings))
+        page.add(
+            '<h2 id="tk-details">Findings in detail</h2>'
+            + "".join(_finding_html(f, i, origins) for i, f in enumerate(findings, 1))
+        )
 
     errors = '<pre id="tk-errors"></pre><script>(window.__tkPending || []).forEach(window.__tkRecord);</script>'
     head = (
