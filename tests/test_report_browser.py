@@ -154,7 +154,8 @@ window.addEventListener('load', function () {
     document.querySelectorAll('.tk-figure').forEach(function (box) {
       var gd = box.querySelector('.js-plotly-plot'), full = gd._fullLayout, axes = {}, bars = [];
       Object.keys(full).forEach(function (k) {
-        if (/^[xy]axis\\d*$/.test(k)) axes[k] = {range: full[k].range, length: full[k]._length, offset: full[k]._offset};
+        var a = full[k];
+        if (/^[xy]axis\\d*$/.test(k)) axes[k] = {range: a.range, length: a._length, offset: a._offset};
       });
       gd.querySelectorAll('g.trace.bars').forEach(function (g, t) {
         var d = gd._fullData[t];

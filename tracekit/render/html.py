@@ -289,8 +289,9 @@ def _timeline_figure(tracks: list[_Track], lo_ns: int, hi_ns: int, origin_ns: in
                            "x1": (m.hi_ns - origin_ns) / 1e6, "y0": 0, "y1": 1, "fillcolor": m.color, "opacity": 0.08,
                            "line": {"width": 1, "color": m.color}, "layer": "below"})  # fmt: skip
             annotations.append({
-                "xref": xref, "yref": f"{yref} domain", "x": ((m.lo_ns if p.anchor == "left" else m.hi_ns) - origin_ns) / 1e6,
-                "y": 1, "xanchor": p.anchor, "yanchor": "bottom", "yshift": 2 + p.row * LABEL_ROW_PX, "text": m.html,
+                "xref": xref, "yref": f"{yref} domain", "y": 1,
+                "x": ((m.lo_ns if p.anchor == "left" else m.hi_ns) - origin_ns) / 1e6, "xanchor": p.anchor,
+                "yanchor": "bottom", "yshift": 2 + p.row * LABEL_ROW_PX, "text": m.html,
                 "hovertext": m.hover, "showarrow": False, "font": {"size": 10, "color": m.color},
             })  # fmt: skip
         top += band
@@ -328,8 +329,8 @@ def _steps_figure(steps: list[dict], label: str, step_name: str | None):
     for cat in BREAKDOWN:
         ys = [s[cat] / 1e6 for s in bars]
         if any(ys):
-            fig.add_trace(go.Bar(x=x, y=ys, name=cat, marker_color=COLORS[cat], hovertext=[duration(s[cat]) for s in bars],
-                                 hovertemplate="%{hovertext}"))  # fmt: skip
+            fig.add_trace(go.Bar(x=x, y=ys, name=cat, marker_color=COLORS[cat],
+                                 hovertext=[duration(s[cat]) for s in bars], hovertemplate="%{hovertext}"))  # fmt: skip
     what = f"steps = {step_name}" if step_name else "the whole run as one step"
     avg = f"; bars average {size} consecutive steps" if size > 1 else ""
     fig.update_layout(
@@ -351,8 +352,9 @@ def _ranks_figure(runs: list[dict], steps: dict[int, list[dict]]):
             s = steps.get(r["run_id"], [])
             means.append(sum(x[cat] for x in s) / len(s) if s else 0)
         if any(means):
-            fig.add_trace(go.Bar(y=names, x=[m / 1e6 for m in means], name=cat, orientation="h", marker_color=COLORS[cat],
-                                 hovertext=[duration(m) for m in means], hovertemplate="%{hovertext}"))  # fmt: skip
+            fig.add_trace(go.Bar(y=names, x=[m / 1e6 for m in means], name=cat, orientation="h",
+                                 marker_color=COLORS[cat], hovertext=[duration(m) for m in means],
+                                 hovertemplate="%{hovertext}"))  # fmt: skip
     fig.update_layout(
         title="Per-rank comparison: mean time per step", barmode="stack", height=max(240, 120 + 34 * len(runs)),
         xaxis={"title": "ms per step"}, yaxis={"autorange": "reversed", "automargin": True},
@@ -408,7 +410,8 @@ def _waterfall_figure(doc: dict):
         go.Waterfall(
             x=x, y=y, measure=measure, connector={"line": {"color": "#999"}},
             increasing={"marker": {"color": "#d62728"}}, decreasing={"marker": {"color": "#2ca02c"}},
-            totals={"marker": {"color": "#4C78A8"}}, hovertext=text, hovertemplate="%{x}<br>%{hovertext}<extra></extra>",
+            totals={"marker": {"color": "#4C78A8"}}, hovertext=text,
+            hovertemplate="%{x}<br>%{hovertext}<extra></extra>",
         )
     )  # fmt: skip
     pct = f" ({st['delta_pct']:+.1f}%)" if st.get("delta_pct") is not None else ""
@@ -545,7 +548,8 @@ def _timelines(page: _Page, con, drawn: list[dict], findings: list[dict], origin
         omitted = sum(s.timeline.lanes_omitted for s in shown)
         extra = f"; {omitted} quieter threads not drawn" if omitted else ""
         if len(group) > 1:
-            title = f"{_e(', '.join(s.name for s in shown))} on one time axis ({slices:,} slices in {blocks:,} blocks{extra})"
+            names = _e(", ".join(s.name for s in shown))
+            title = f"{names} on one time axis ({slices:,} slices in {blocks:,} blocks{extra})"
             later = "; ".join(f"{_e(_run_name(r))} starts {duration(r['start_ns'] - origin)} later"
                               for r in group if r["start_ns"] > origin)  # fmt: skip
             page.add(f'<p class="note">The ranks share one time axis: 0 ms is {_e(what)}'
@@ -563,7 +567,7 @@ def _close_ups(page: _Page, con, r: dict, run_findings: list[dict], origin: tupl
     windows = []
     for f in run_findings:
         w = _detail_window(f, r["start_ns"], r["end_ns"], con)
-        if w and w not in windows:
+        if w and w not in [seen for seen, _ in windows]:
             windows.append((w, f))
         if len(windows) >= DETAILS_PER_RUN:
             break
@@ -633,9 +637,9 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
         page.add(
             '<p class="note">GPU streams and host threads (top-level events). Slices closer than about a pixel '
             "are merged into one block; a block is as thick as the share of it that is busy (full height: busy "
-            "throughout; hover: its slices and busy time), and each lane's label gives its busy share of the "
-            "window. Shaded bands are finding windows, labelled with their numbers in the findings table. "
-            "Drag to zoom, double-click to reset.</p>"
+            "throughout; hover: its slices and busy time), and each lane's label gives its busy share of its "
+            "run's window (of the close-up, in a close-up). Shaded bands are finding windows, labelled with "
+            "their numbers in the findings table. Drag to zoom, double-click to reset.</p>"
         )
         _timelines(page, con, drawn, findings, origins, max_blocks)
 
