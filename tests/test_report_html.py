@@ -371,3 +371,23 @@ def test_every_duration_on_the_page_reads_as_the_cli_prints_it(eager_page):
     assert any(mean.endswith(" us") for *_, mean in cli_rows)
     figures_and_text = _outside_scripts(page) + "".join(re.findall(r"Plotly\.newPlot\((.*?)\)\s*\}", page, re.S))
     assert not re.findall(r"\d\.\d{3} ms", figures_and_text)
+
+
+def test_findings_sharing_a_window_share_one_label_that_fits():
+    """Twelve findings over one window: one band and one label naming the first few and counting the
+    rest (the hover names all), short enough to fit the narrowest plot."""
+    from tracekit.render import labels
+
+    t = timeline.Timeline(1, 0, 1_000_000, 0, [], 0, 0)
+    findings = [
+        {"id": f"X{i:03d}", "title": f"finding {i}", "severity": "info" if i % 2 else "critical",
+         "locality": {"window_ns": [-5, 2_000_000]}}
+        for i in range(12)
+    ]  # fmt: skip
+    numbers = {f["id"]: i for i, f in enumerate(findings, 1)}
+    (mark,) = html_report._marks(t, findings, numbers)
+    assert (mark.lo_ns, mark.hi_ns) == (0, 1_000_000)  # clipped to the figure
+    assert mark.text == "#1, #2, #3, #4 +8"
+    assert all(f"#{n} X{n - 1:03d}" in mark.hover for n in numbers.values())
+    assert mark.color == html_report.SEVERITY_COLORS["critical"]
+    assert labels.width_px(mark.text) < labels.PLOT_PX / 2

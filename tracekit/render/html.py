@@ -39,6 +39,7 @@ BAR_THICKNESS = 0.8
 BAR_ALPHA = 0.92
 LANE_PX = 32
 LABEL_ROW_PX = 16
+LABEL_NUMBERS = 4  # findings named in one label; the rest of a shared window's are counted (all in the hover)
 TRACK_GAP_PX = 28
 TOP_PX = 56  # the title
 BOTTOM_PX = 86  # the time axis, its title and the legend
@@ -223,9 +224,14 @@ def _marks(t: tl.Timeline, findings: list[dict], numbers: dict[str, int]) -> lis
         fs.sort(key=lambda f: numbers[f["id"]])
         color = SEVERITY_COLORS[min((f["severity"] for f in fs), key=severities.index)]
         # plotly colours links its own blue unless the link says otherwise
-        links = [f'<a href="#{_e(f["id"])}" target="_self" style="color:{color}">#{numbers[f["id"]]}</a>' for f in fs]
+        shown = fs[:LABEL_NUMBERS]
+        links = [
+            f'<a href="#{_e(f["id"])}" target="_self" style="color:{color}">#{numbers[f["id"]]}</a>' for f in shown
+        ]
+        more = f" +{len(fs) - len(shown)}" if len(fs) > len(shown) else ""
+        text = ", ".join(f"#{numbers[f['id']]}" for f in shown) + more
         hover = "<br>".join(f"#{numbers[f['id']]} {_e(f['id'])}: {_e(_short(f['title'], 100))}" for f in fs)
-        out.append(_Mark(lo, hi, ", ".join(f"#{numbers[f['id']]}" for f in fs), ", ".join(links), hover, color))
+        out.append(_Mark(lo, hi, text, ", ".join(links) + more, hover, color))
     return out
 
 
