@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import html
 import json
+from dataclasses import dataclass, replace
 
+from tracekit.render import labels
 from tracekit.render import timeline as tl
-from tracekit.units import duration
+from tracekit.units import duration, share
 
 COLORS = {
     "compute": "#4C78A8",
@@ -29,6 +31,18 @@ MAX_BLOCKS = 20_000  # rectangles on the whole page, over every timeline
 MAX_RUNS_DRAWN = 4  # runs with their own timeline and step figures; the rest appear in the comparison
 MAX_STEPS = 300  # bars per step figure: more steps are averaged in consecutive groups
 DETAILS_PER_RUN = 2
+# timeline geometry: a block fully busy is BAR_THICKNESS of its lane thick, a block busy 5% of its
+# extent 5% of that, so that the ink drawn is the busy time and never more
+BAR_THICKNESS = 0.8
+# Plotly widens an opaque bar thinner than 2 px to whole pixels, which would draw tiny kernels as
+# more busy than they were; a colour a little short of opaque is drawn at its exact size
+BAR_ALPHA = 0.92
+LANE_PX = 32
+LABEL_ROW_PX = 16
+LABEL_NUMBERS = 4  # findings named in one label; the rest of a shared window's are counted (all in the hover)
+TRACK_GAP_PX = 28
+TOP_PX = 56  # the title
+BOTTOM_PX = 86  # the time axis, its title and the legend
 
 _ERROR_HOOK = """
 <script>
@@ -74,8 +88,8 @@ def _e(x) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _pct(x) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def _signed(ns) -> str:
+    return ("+" if ns > 0 else "") + duration(ns)
 
 
 def _short(name: str, n: int = 90) -> str:
@@ -169,52 +183,140 @@ def _bucket(steps: list[dict], limit: int) -> tuple[list[dict], int]:
 # ------------------------------------------------------------------------------------------------ figures
 
 
-def _timeline_figure(t: tl.Timeline, findings: list[dict], origin_ns: int, title: str):
-    import plotly.graph_objects as go
+@dataclass
+class _Track:
+    """One run's lanes in a timeline figure; a figure stacks several on one time axis."""
 
-    labels = [lane.label for lane in t.lanes]
-    fig = go.Figure()
-    by_cat: dict[str, dict[str, list]] = {}
-    for lane in t.lanes:
-        for b in lane.blocks:
-            d = by_cat.setdefault(b.category, {"y": [], "x": [], "base": [], "text": []})
-            d["y"].append(lane.label)
-            d["x"].append(max(b.end_ns - b.start_ns, 1) / 1e6)
-            d["base"].append((b.start_ns - origin_ns) / 1e6)
-            what = _e(_short(b.name, 70))
-            more = f"<br>{b.slices} slices merged, {(b.slice_ns / 1e6):.3f} ms in slices" if b.slices > 1 else ""
-            d["text"].append(
-                f"{what}<br>{(b.end_ns - b.start_ns) / 1e6:.3f} ms at {(b.start_ns - origin_ns) / 1e6:.3f} ms{more}"
-            )
-    for cat in tl.CATEGORIES:
-        d = by_cat.get(cat)
-        if not d:
-            continue
-        fig.add_trace(
-            go.Bar(
-                y=d["y"], x=d["x"], base=d["base"], orientation="h", name=cat, marker_color=COLORS[cat],
-                marker_line_width=0, hovertext=d["text"], hoverinfo="text", width=0.8,
-            )
-        )  # fmt: skip
+    name: str | None  # prefixes the lane labels when the figure holds more than one run
+    timeline: tl.Timeline
+    findings: list[dict]
+
+
+@dataclass
+class _Mark:
+    """The finding windows that share one span of a track: one band, one label."""
+
+    lo_ns: int
+    hi_ns: int
+    text: str  # what the label shows: the findings' numbers in the findings table
+    html: str
+    hover: str
+    color: str
+
+
+def _translucent(hex_color: str, alpha: float = BAR_ALPHA) -> str:
+    r, g, b = (int(hex_color[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({r},{g},{b},{alpha})"
+
+
+def _marks(t: tl.Timeline, findings: list[dict], numbers: dict[str, int]) -> list[_Mark]:
+    spans: dict[tuple[int, int], list[dict]] = {}
     for f in findings:
         w = f["locality"].get("window_ns")
         if not w:
             continue
-        lo, hi = max(w[0], t.lo_ns), min(w[1], t.hi_ns)
-        if hi <= lo:
-            continue
-        color = SEVERITY_COLORS.get(f["severity"], "#999")
-        fig.add_vrect(
-            x0=(lo - origin_ns) / 1e6, x1=(hi - origin_ns) / 1e6, fillcolor=color, opacity=0.08, line_width=1,
-            line_color=color, layer="below", annotation_text=f["id"], annotation_position="top left",
-            annotation_font_size=10, annotation_font_color=color,
-        )  # fmt: skip
+        lo, hi = max(int(w[0]), t.lo_ns), min(int(w[1]), t.hi_ns)
+        if hi > lo:
+            spans.setdefault((lo, hi), []).append(f)
+    out = []
+    severities = list(SEVERITY_COLORS)
+    for (lo, hi), fs in sorted(spans.items()):
+        fs.sort(key=lambda f: numbers[f["id"]])
+        color = SEVERITY_COLORS[min((f["severity"] for f in fs), key=severities.index)]
+        # plotly colours links its own blue unless the link says otherwise
+        shown = fs[:LABEL_NUMBERS]
+        links = [
+            f'<a href="#{_e(f["id"])}" target="_self" style="color:{color}">#{numbers[f["id"]]}</a>' for f in shown
+        ]
+        more = f" +{len(fs) - len(shown)}" if len(fs) > len(shown) else ""
+        text = ", ".join(f"#{numbers[f['id']]}" for f in shown) + more
+        hover = "<br>".join(f"#{numbers[f['id']]} {_e(f['id'])}: {_e(_short(f['title'], 100))}" for f in fs)
+        out.append(_Mark(lo, hi, text, ", ".join(links) + more, hover, color))
+    return out
+
+
+def _timeline_figure(tracks: list[_Track], lo_ns: int, hi_ns: int, origin_ns: int, origin_what: str,
+                     numbers: dict[str, int], title: str):  # fmt: skip
+    """Every track on one time axis from lo_ns to hi_ns (ms from origin_ns): one subplot per track,
+    stacked, their x axes matched so that zooming one zooms all. A block's bar is as thick as its
+    busy share, so its area is its busy time; finding windows are bands labelled with their numbers,
+    the labels in rows that keep them apart."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    laid = []
+    for track in tracks:
+        marks = _marks(track.timeline, track.findings, numbers)
+        placed = labels.place([(m.lo_ns, m.hi_ns, m.text) for m in marks], lo_ns, hi_ns)
+        rows = 1 + max((p.row for p in placed), default=-1)
+        laid.append((track, marks, placed, rows * LABEL_ROW_PX, max(1, len(track.timeline.lanes)) * LANE_PX))
+    plot_px = sum(band + lanes for *_, band, lanes in laid) + TRACK_GAP_PX * (len(laid) - 1)
+    x_range = [(lo_ns - origin_ns) / 1e6, (hi_ns - origin_ns) / 1e6]
+    layout: dict = {}
+    shapes, annotations, in_legend = [], [], set()
+    top = 0
+    for i, (track, marks, placed, band, lanes_px) in enumerate(laid, 1):
+        t = track.timeline
+        suffix = "" if i == 1 else str(i)
+        xref, yref = f"x{suffix}", f"y{suffix}"
+        window = max(1, t.hi_ns - t.lo_ns)
+        names = {}
+        for lane in t.lanes:
+            label = f"{lane.label} · busy {share(lane.busy_ns / window)}"
+            names[lane.key, lane.kind] = f"{track.name}: {label}" if track.name else label
+        by_cat: dict[str, dict[str, list]] = {}
+        for lane in t.lanes:
+            for b in lane.blocks:
+                d = by_cat.setdefault(b.category, {"y": [], "x": [], "base": [], "width": [], "text": []})
+                extent = b.end_ns - b.start_ns
+                d["y"].append(names[lane.key, lane.kind])
+                d["x"].append(max(extent, 1) / 1e6)
+                d["base"].append((b.start_ns - origin_ns) / 1e6)
+                d["width"].append(BAR_THICKNESS * b.busy_share)
+                merged = f"{b.slices} slices, " if b.slices > 1 else ""
+                d["text"].append(
+                    f"{_e(_short(b.name, 70))}<br>{duration(extent)} from {duration(b.start_ns - origin_ns)}"
+                    f"<br>{merged}busy {duration(b.busy_ns)} ({share(b.busy_share)})"
+                )
+        for cat in tl.CATEGORIES:
+            d = by_cat.get(cat)
+            if not d:
+                continue
+            fig.add_trace(
+                go.Bar(
+                    y=d["y"], x=d["x"], base=d["base"], width=d["width"], orientation="h", name=cat,
+                    legendgroup=cat, showlegend=cat not in in_legend, marker_color=_translucent(COLORS[cat]),
+                    marker_line_width=0, hovertext=d["text"], hoverinfo="text", xaxis=xref, yaxis=yref,
+                )
+            )  # fmt: skip
+            in_legend.add(cat)
+        for m, p in zip(marks, placed):
+            shapes.append({"type": "rect", "xref": xref, "yref": f"{yref} domain", "x0": (m.lo_ns - origin_ns) / 1e6,
+                           "x1": (m.hi_ns - origin_ns) / 1e6, "y0": 0, "y1": 1, "fillcolor": m.color, "opacity": 0.08,
+                           "line": {"width": 1, "color": m.color}, "layer": "below"})  # fmt: skip
+            annotations.append({
+                "xref": xref, "yref": f"{yref} domain", "y": 1,
+                "x": ((m.lo_ns if p.anchor == "left" else m.hi_ns) - origin_ns) / 1e6, "xanchor": p.anchor,
+                "yanchor": "bottom", "yshift": 2 + p.row * LABEL_ROW_PX, "text": m.html,
+                "hovertext": m.hover, "showarrow": False, "font": {"size": 10, "color": m.color},
+            })  # fmt: skip
+        top += band
+        lane_labels = [names[lane.key, lane.kind] for lane in t.lanes]
+        layout[f"yaxis{suffix}"] = {
+            "domain": [max(0.0, 1 - (top + lanes_px) / plot_px), 1 - top / plot_px], "anchor": xref,
+            "categoryorder": "array", "categoryarray": list(reversed(lane_labels)), "automargin": True,
+        }  # fmt: skip
+        last = i == len(laid)
+        layout[f"xaxis{suffix}"] = {
+            "range": x_range, "anchor": yref, "showticklabels": last,
+            **({"matches": "x"} if i > 1 else {}),
+            **({"title": f"ms from {origin_what}"} if last else {}),
+        }  # fmt: skip
+        top += lanes_px + TRACK_GAP_PX
     fig.update_layout(
-        title=title, barmode="overlay", height=max(220, 90 + 28 * len(labels)),
-        margin={"l": 10, "r": 10, "t": 60, "b": 40}, legend={"orientation": "h", "y": -0.15},
-        xaxis={"title": "ms from run start", "range": [(t.lo_ns - origin_ns) / 1e6, (t.hi_ns - origin_ns) / 1e6]},
-        yaxis={"categoryorder": "array", "categoryarray": list(reversed(labels)), "automargin": True},
-        plot_bgcolor="white",
+        title=title, barmode="overlay", height=TOP_PX + plot_px + BOTTOM_PX, shapes=shapes, annotations=annotations,
+        margin={"l": 10, "r": 10, "t": TOP_PX, "b": BOTTOM_PX}, plot_bgcolor="white",
+        legend={"orientation": "h", "yanchor": "top", "y": -(BOTTOM_PX - 24) / plot_px}, **layout,
     )  # fmt: skip
     return fig
 
@@ -233,7 +335,8 @@ def _steps_figure(steps: list[dict], label: str, step_name: str | None):
     for cat in BREAKDOWN:
         ys = [s[cat] / 1e6 for s in bars]
         if any(ys):
-            fig.add_trace(go.Bar(x=x, y=ys, name=cat, marker_color=COLORS[cat], hovertemplate="%{y:.3f} ms"))
+            fig.add_trace(go.Bar(x=x, y=ys, name=cat, marker_color=COLORS[cat],
+                                 hovertext=[duration(s[cat]) for s in bars], hovertemplate="%{hovertext}"))  # fmt: skip
     what = f"steps = {step_name}" if step_name else "the whole run as one step"
     avg = f"; bars average {size} consecutive steps" if size > 1 else ""
     fig.update_layout(
@@ -250,13 +353,14 @@ def _ranks_figure(runs: list[dict], steps: dict[int, list[dict]]):
     names = [_run_name(r) for r in runs]
     fig = go.Figure()
     for cat in BREAKDOWN:
-        ys = []
+        means = []
         for r in runs:
             s = steps.get(r["run_id"], [])
-            ys.append(sum(x[cat] for x in s) / len(s) / 1e6 if s else 0)
-        if any(ys):
-            fig.add_trace(go.Bar(y=names, x=ys, name=cat, orientation="h", marker_color=COLORS[cat],
-                                 hovertemplate="%{x:.3f} ms"))  # fmt: skip
+            means.append(sum(x[cat] for x in s) / len(s) if s else 0)
+        if any(means):
+            fig.add_trace(go.Bar(y=names, x=[m / 1e6 for m in means], name=cat, orientation="h",
+                                 marker_color=COLORS[cat], hovertext=[duration(m) for m in means],
+                                 hovertemplate="%{hovertext}"))  # fmt: skip
     fig.update_layout(
         title="Per-rank comparison: mean time per step", barmode="stack", height=max(240, 120 + 34 * len(runs)),
         xaxis={"title": "ms per step"}, yaxis={"autorange": "reversed", "automargin": True},
@@ -276,8 +380,9 @@ def _kernels_figure(summary: dict, runs: list[dict]):
         fig.add_trace(
             go.Bar(
                 y=[_short(k["name"], 60) for k in ks], x=[k["total_ns"] / 1e6 for k in ks], orientation="h",
-                name=_run_name(run), hovertext=[_e(_short(k["name"], 200)) for k in ks],
-                hovertemplate="%{hovertext}<br>%{x:.3f} ms<extra></extra>",
+                name=_run_name(run), hoverinfo="text",
+                hovertext=[f"{_e(_short(k['name'], 200))}<br>{duration(k['total_ns'])} in {k['count']:,} launches, "
+                           f"mean {duration(k['mean_ns'])}" for k in ks],
             )
         )  # fmt: skip
     if not fig.data:
@@ -296,25 +401,28 @@ def _waterfall_figure(doc: dict):
     st = doc["delta"]["step"]
     terms = doc["contributors"]
     x = ["baseline step"] + [f"{i}. {t['category']}: {_short(t['name'], 40)}" for i, t in enumerate(terms, 1)]
-    y = [st["baseline"]["time_ns"] / 1e6] + [t["delta_ns"] / 1e6 for t in terms]
+    ns = [st["baseline"]["time_ns"]] + [t["delta_ns"] for t in terms]
     measure = ["absolute"] + ["relative"] * len(terms)
     if doc["unexplained_ns"]:
         x.append("unexplained (terms not listed)")
-        y.append(doc["unexplained_ns"] / 1e6)
+        ns.append(doc["unexplained_ns"])
         measure.append("relative")
     x.append("candidate step")
-    y.append(st["candidate"]["time_ns"] / 1e6)
+    ns.append(st["candidate"]["time_ns"])
     measure.append("total")
+    y = [v / 1e6 for v in ns]
+    text = [duration(v) if m != "relative" else _signed(v) for v, m in zip(ns, measure)]
     fig = go.Figure(
         go.Waterfall(
             x=x, y=y, measure=measure, connector={"line": {"color": "#999"}},
             increasing={"marker": {"color": "#d62728"}}, decreasing={"marker": {"color": "#2ca02c"}},
-            totals={"marker": {"color": "#4C78A8"}}, hovertemplate="%{x}<br>%{y:.3f} ms<extra></extra>",
+            totals={"marker": {"color": "#4C78A8"}}, hovertext=text,
+            hovertemplate="%{x}<br>%{hovertext}<extra></extra>",
         )
     )  # fmt: skip
     pct = f" ({st['delta_pct']:+.1f}%)" if st.get("delta_pct") is not None else ""
     fig.update_layout(
-        title=f"What explains the step-time delta: {st['delta_ns'] / 1e6:+.3f} ms per step{pct}", height=520,
+        title=f"What explains the step-time delta: {_signed(st['delta_ns'])} per step{pct}", height=520,
         yaxis={"title": "ms per step"}, xaxis={"tickangle": -30, "automargin": True},
         margin={"l": 10, "r": 10, "t": 60, "b": 40}, plot_bgcolor="white", showlegend=False,
     )  # fmt: skip
@@ -348,14 +456,14 @@ def _where(loc: dict) -> str:
     return ", ".join(parts)
 
 
-def _finding_html(f: dict, origin: dict[int, int]) -> str:
+def _finding_html(f: dict, number: int, origins: dict[int, tuple[int, str]]) -> str:
     loc = f["locality"]
     color = SEVERITY_COLORS.get(f["severity"], "#999")
     w = loc.get("window_ns")
     when = ""
-    if w and loc.get("run_id") in origin:
-        o = origin[loc["run_id"]]
-        when = f"; window {(w[0] - o) / 1e6:.3f}-{(w[1] - o) / 1e6:.3f} ms from run start"
+    if w and loc.get("run_id") in origins:
+        o, what = origins[loc["run_id"]]
+        when = f"; window {duration(w[0] - o)} to {duration(w[1] - o)} from {what}"
     obs, exp = f["observed"], f["expected"]
     code = loc.get("code_path")
     code_html = f"<p><b>Code path</b>: {_e(' <- '.join(code[:4]))}</p>" if code else ""
@@ -363,9 +471,9 @@ def _finding_html(f: dict, origin: dict[int, int]) -> str:
     params = json.dumps(f["evidence"].get("params") or {}, default=str)
     return f"""
 <div class="finding" id="{_e(f["id"])}" style="border-left-color: {color}">
-<h3><span class="sev" style="background: {color}">{_e(f["severity"])}</span> {_e(f["title"])}</h3>
+<h3>#{number} <span class="sev" style="background: {color}">{_e(f["severity"])}</span> {_e(f["title"])}</h3>
 <p class="note">{_e(f["id"])} &middot; {_e(_where(loc))}{_e(when)} &middot; impact {duration(f["impact"]["time_ns"])}
-({_pct(f["impact"]["share_of_window"])} of the window) &middot; confidence {f["confidence"]}</p>
+({share(f["impact"]["share_of_window"])} of the window) &middot; confidence {f["confidence"]}</p>
 <p><b>Observed</b>: {_e(obs.get("value"))} {_e(obs.get("unit"))} {_e(obs.get("what"))};
 <b>expected</b>: {_e(exp.get("value"))} {_e(exp.get("unit"))} {_e(exp.get("what"))}</p>
 {code_html}
@@ -403,6 +511,82 @@ def _detail_window(f: dict, run_lo: int, run_hi: int, con) -> tuple[int, int] | 
     return start, start + span
 
 
+def _shared_axis(runs: list[dict]) -> list[dict]:
+    """The runs drawn on one time axis: the ranks of one job (two or more runs, each a different rank),
+    so that what the ranks do at the same moment lines up; [] when there are none."""
+    ranks = [r for r in runs if r.get("rank") is not None]
+    return ranks if len(ranks) > 1 and len({r["rank"] for r in ranks}) == len(ranks) else []
+
+
+def _time_origins(runs: list[dict], drawn: list[dict]) -> dict[int, tuple[int, str]]:
+    """Per run, the 0 of its time axis and what it is: a run's own start, or for ranks on one axis the
+    start of the earliest of them."""
+    origins = {r["run_id"]: (r["start_ns"], "run start") for r in runs if r.get("start_ns") is not None}
+    together = _shared_axis(drawn)
+    if together:
+        first = min(together, key=lambda r: (r["start_ns"], r["rank"]))
+        for r in together:
+            origins[r["run_id"]] = (first["start_ns"], f"the start of {_run_name(first)}, the earliest rank")
+    return origins
+
+
+def _timelines(page: _Page, con, drawn: list[dict], findings: list[dict], origins: dict[int, tuple[int, str]],
+               max_blocks: int) -> None:  # fmt: skip
+    """A whole-run figure per run (one for all the ranks on a shared axis), each run followed by its
+    close-ups."""
+    numbers = {f["id"]: i for i, f in enumerate(findings, 1)}
+    per_run = max(200, max_blocks // len(drawn))
+    tracks: dict[int, _Track] = {}
+    for r in drawn:
+        t = tl.build(con, r["run_id"], r["start_ns"], r["end_ns"], max_blocks=per_run // 2, pixels=4000)
+        if t.lanes:
+            run_findings = [f for f in findings if f["locality"].get("run_id") == r["run_id"]]
+            tracks[r["run_id"]] = _Track(None, t, run_findings)
+        else:
+            page.add(f'<p class="note">{_e(_run_name(r))}: no timed events to draw.</p>')
+    drawable = [r for r in drawn if r["run_id"] in tracks]
+    together = _shared_axis(drawable)
+    groups = ([together] if together else []) + [[r] for r in drawable if r not in together]
+    for group in groups:
+        origin, what = origins[group[0]["run_id"]]
+        shown = [replace(tracks[r["run_id"]], name=_run_name(r) if len(group) > 1 else None) for r in group]
+        slices, blocks = sum(s.timeline.slices for s in shown), sum(s.timeline.blocks for s in shown)
+        omitted = sum(s.timeline.lanes_omitted for s in shown)
+        extra = f"; {omitted} quieter threads not drawn" if omitted else ""
+        if len(group) > 1:
+            names = _e(", ".join(s.name for s in shown))
+            title = f"{names} on one time axis ({slices:,} slices in {blocks:,} blocks{extra})"
+            later = "; ".join(f"{_e(_run_name(r))} starts {duration(r['start_ns'] - origin)} later"
+                              for r in group if r["start_ns"] > origin)  # fmt: skip
+            page.add(f'<p class="note">The ranks share one time axis: 0 ms is {_e(what)}'
+                     f"{'; ' + later if later else ''}.</p>")  # fmt: skip
+        else:
+            title = f"{_e(_run_name(group[0]))}: whole run ({slices:,} slices in {blocks:,} blocks{extra})"
+        lo, hi = min(r["start_ns"] for r in group), max(r["end_ns"] for r in group)
+        page.figure(_timeline_figure(shown, lo, hi, origin, what, numbers, title), "timeline")
+        for r in group:
+            _close_ups(page, con, r, tracks[r["run_id"]].findings, origins[r["run_id"]], numbers, per_run)
+
+
+def _close_ups(page: _Page, con, r: dict, run_findings: list[dict], origin: tuple[int, str],
+               numbers: dict[str, int], per_run: int) -> None:  # fmt: skip
+    windows = []
+    for f in run_findings:
+        w = _detail_window(f, r["start_ns"], r["end_ns"], con)
+        if w and w not in [seen for seen, _ in windows]:
+            windows.append((w, f))
+        if len(windows) >= DETAILS_PER_RUN:
+            break
+    for (lo, hi), f in windows:
+        d = tl.build(con, r["run_id"], lo, hi, max_blocks=per_run // (2 * len(windows)), pixels=4000)
+        if d.lanes:
+            title = (f"{_e(_run_name(r))}: close-up on #{numbers[f['id']]} {_e(f['id'])} ({duration(hi - lo)}, "
+                     f"{d.slices:,} slices in {d.blocks:,} blocks)")  # fmt: skip
+            page.figure(
+                _timeline_figure([_Track(None, d, run_findings)], lo, hi, *origin, numbers, title), "timeline-detail"
+            )
+
+
 def build(con, report: dict, diff_doc: dict | None = None, title: str = "tracekit report",
           max_blocks: int = MAX_BLOCKS) -> tuple[str, int]:  # fmt: skip
     """(the HTML page, number of figures). `report` is build_report's document; `diff_doc` run_diff's."""
@@ -412,7 +596,8 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
     runs = report["runs"]
     summary = report["summary"]
     findings = report["findings"]
-    origin = {r["run_id"]: r["start_ns"] for r in runs if r.get("start_ns") is not None}
+    drawn = [r for r in runs if r.get("start_ns") is not None and r.get("end_ns") is not None][:MAX_RUNS_DRAWN]
+    origins = _time_origins(runs, drawn)
 
     # runs
     rows = [
@@ -453,43 +638,16 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
         )
 
     # timelines: budget split between the runs drawn, half for the overviews, half for close-ups
-    drawn = [r for r in runs if r.get("start_ns") is not None and r.get("end_ns") is not None][:MAX_RUNS_DRAWN]
     if drawn:
         page.add("<h2>Timeline</h2>")
         page.add(
             '<p class="note">GPU streams and host threads (top-level events). Slices closer than about a pixel '
-            "are merged into one block (hover: how many); shaded bands are finding windows. Drag to zoom, "
-            "double-click to reset.</p>"
+            "are merged into one block; a block is as thick as the share of it that is busy (full height: busy "
+            "throughout; hover: its slices and busy time), and each lane's label gives its busy share of its "
+            "run's window (of the close-up, in a close-up). Shaded bands are finding windows, labelled with "
+            "their numbers in the findings table. Drag to zoom, double-click to reset.</p>"
         )
-        per_run = max(200, max_blocks // len(drawn))
-        for r in drawn:
-            run_findings = [f for f in findings if f["locality"].get("run_id") == r["run_id"]]
-            t = tl.build(con, r["run_id"], r["start_ns"], r["end_ns"], max_blocks=per_run // 2, pixels=4000)
-            if not t.lanes:
-                page.add(f'<p class="note">{_e(_run_name(r))}: no timed events to draw.</p>')
-                continue
-            extra = f"; {t.lanes_omitted} quieter threads not drawn" if t.lanes_omitted else ""
-            page.figure(
-                _timeline_figure(t, run_findings, r["start_ns"],
-                                 f"{_e(_run_name(r))}: whole run ({t.slices:,} slices in {t.blocks:,} blocks{extra})"),
-                "timeline",
-            )  # fmt: skip
-            windows = []
-            for f in run_findings:
-                w = _detail_window(f, r["start_ns"], r["end_ns"], con)
-                if w and w not in windows:
-                    windows.append((w, f))
-                if len(windows) >= DETAILS_PER_RUN:
-                    break
-            for (lo, hi), f in windows:
-                d = tl.build(con, r["run_id"], lo, hi, max_blocks=per_run // (2 * len(windows)), pixels=4000)
-                if d.lanes:
-                    page.figure(
-                        _timeline_figure(d, run_findings, r["start_ns"],
-                                         f"{_e(_run_name(r))}: close-up on {_e(f['id'])} ({duration(hi - lo)}, "
-                                         f"{d.slices:,} slices in {d.blocks:,} blocks)"),
-                        "timeline-detail",
-                    )  # fmt: skip
+        _timelines(page, con, drawn, findings, origins, max_blocks)
 
     # time breakdown per step, per-rank comparison
     run_ids = [r["run_id"] for r in runs if r.get("start_ns") is not None]
@@ -532,7 +690,7 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
             page.add(_table(
                 ["kernel", "count", "total", "mean", "max", "share of GPU busy", "comm"],
                 [[_short(k["name"], 120), k["count"], duration(k["total_ns"]), duration(k["mean_ns"]), duration(k["max_ns"]),
-                  _pct(k["share_of_gpu_busy"]), "yes" if k["is_communication"] else ""] for k in run["top_kernels"]],
+                  share(k["share_of_gpu_busy"]), "yes" if k["is_communication"] else ""] for k in run["top_kernels"]],
                 {1, 2, 3, 4, 5},
             ))  # fmt: skip
         if run["top_cpu_ops"]:
@@ -540,7 +698,7 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
             page.add(_table(
                 ["op", "input dims", "count", "self", "total", "mean", "self share of window"],
                 [[o["name"], _short(o["input_dims"] or "", 80), o["count"], duration(o["self_ns"]), duration(o["total_ns"]),
-                  duration(o["mean_ns"]), _pct(o["self_share_of_window"])] for o in run["top_cpu_ops"]],
+                  duration(o["mean_ns"]), share(o["self_share_of_window"])] for o in run["top_cpu_ops"]],
                 {2, 3, 4, 5, 6},
             ))  # fmt: skip
 
@@ -563,13 +721,16 @@ def build(con, report: dict, diff_doc: dict | None = None, title: str = "traceki
         page.figure(_waterfall_figure(diff_doc), "waterfall")
         page.add(_table(
             ["#", "delta", "share", "category", "name", "baseline", "candidate"],
-            [[t["rank"], duration(t["delta_ns"]), _pct(t["share"]), t["category"], _short(t["name"], 120),
+            [[t["rank"], duration(t["delta_ns"]), share(t["share"]), t["category"], _short(t["name"], 120),
               duration(t["baseline_ns"]), duration(t["candidate_ns"])] for t in diff_doc["contributors"]],
             {0, 1, 2, 5, 6},
         ))  # fmt: skip
 
     if findings:
-        page.add('<h2 id="tk-details">Findings in detail</h2>' + "".join(_finding_html(f, origin) for f in findings))
+        page.add(
+            '<h2 id="tk-details">Findings in detail</h2>'
+            + "".join(_finding_html(f, i, origins) for i, f in enumerate(findings, 1))
+        )
 
     errors = '<pre id="tk-errors"></pre><script>(window.__tkPending || []).forEach(window.__tkRecord);</script>'
     head = (

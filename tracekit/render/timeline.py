@@ -2,7 +2,8 @@
 
 A browser draws a few tens of thousands of rectangles smoothly, not millions. Slices of one lane whose
 gap is below `gap_ns` (about one pixel of the figure) are merged into a block that remembers how many
-slices it holds, its busy time and its longest slice's name and category. When the blocks of all lanes
+slices it holds, its busy time (the union of its slices, never more than the block's extent: a
+mostly idle stream is not drawn as solid) and its longest slice's name and category. When the blocks of all lanes
 still exceed `max_blocks`, the gap grows (x4) until they fit, so the page's size is bounded whatever
 the trace's. Host lanes are the top-level (depth 0) events of each thread; GPU lanes hold kernels,
 memcpys and memsets per (device, stream).
@@ -31,16 +32,20 @@ WITH src AS (
       AND ts_ns < $hi AND end_ns > $lo
 ), clipped AS (
     SELECT grp, lane, greatest(ts_ns, $lo) AS ts, least(end_ns, $hi) AS e, name, cat FROM src
-), marked AS (
-    SELECT *, CASE WHEN ts <= max(e) OVER (PARTITION BY grp, lane ORDER BY ts, e
-                                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) + $gap
-                   THEN 0 ELSE 1 END AS starts
+), reach AS (
+    SELECT *, max(e) OVER (PARTITION BY grp, lane ORDER BY ts, e
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS reached
     FROM clipped
+), marked AS (
+    -- a slice adds to the busy union only the part past everything before it on its lane
+    SELECT *, CASE WHEN ts <= reached + $gap THEN 0 ELSE 1 END AS starts,
+           greatest(0, e - greatest(ts, coalesce(reached, ts))) AS adds
+    FROM reach
 ), numbered AS (
     SELECT *, sum(starts) OVER (PARTITION BY grp, lane ORDER BY ts, e ROWS UNBOUNDED PRECEDING) AS blk FROM marked
 )
 SELECT grp, lane, min(ts) AS ts, max(e) AS e, count(*) AS n, arg_max(name, e - ts) AS name,
-       arg_max(cat, e - ts) AS cat, sum(e - ts) AS slice_ns
+       arg_max(cat, e - ts) AS cat, sum(adds) AS busy_ns
 FROM numbered GROUP BY grp, lane, blk ORDER BY grp, lane, ts
 """
 
@@ -52,7 +57,11 @@ class Block:
     slices: int  # how many trace slices it merges
     name: str  # the longest slice's name
     category: str  # the longest slice's category
-    slice_ns: int  # summed slice durations (can exceed end - start where slices overlap)
+    busy_ns: int  # the union of its slices: at most end - start, less where they leave gaps
+
+    @property
+    def busy_share(self) -> float:
+        return self.busy_ns / max(1, self.end_ns - self.start_ns)
 
 
 @dataclass
@@ -68,7 +77,7 @@ class Lane:
 
     @property
     def busy_ns(self) -> int:
-        return sum(b.end_ns - b.start_ns for b in self.blocks)
+        return sum(b.busy_ns for b in self.blocks)
 
 
 @dataclass
@@ -121,7 +130,7 @@ def _lanes(con, run_id: int, rows) -> list[Lane]:
         for d, s, name in con.execute("SELECT device, stream, name FROM streams WHERE run_id = ?", [run_id]).fetchall()
     }
     lanes: dict[tuple, Lane] = {}
-    for grp, key, ts, e, n, name, cat, slice_ns in rows:
+    for grp, key, ts, e, n, name, cat, busy_ns in rows:
         key = key or "?"
         lane = lanes.get((grp, key))
         if lane is None:
@@ -136,5 +145,5 @@ def _lanes(con, run_id: int, rows) -> list[Lane]:
                 if label.startswith("thread") is False and "/" not in label:
                     label = f"{label} [{key}]"
             lane = lanes[(grp, key)] = Lane(key, label, "gpu" if grp == 0 else "host")
-        lane.blocks.append(Block(int(ts), int(e), int(n), name or "", cat, int(slice_ns)))
+        lane.blocks.append(Block(int(ts), int(e), int(n), name or "", cat, int(busy_ns)))
     return list(lanes.values())
