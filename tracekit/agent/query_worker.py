@@ -13,6 +13,7 @@ Messages are pickled frames over the worker's stdin and stdout, so it runs as
 
 from __future__ import annotations
 
+import os
 import pickle
 import select
 import struct
@@ -139,8 +140,11 @@ def serve(memory_mb: int) -> None:
     from tracekit.agent.sandbox import OutOfMemory, QueryRefused, execute
 
     _limit_address_space(memory_mb)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # a stray print must not corrupt the frames
+    stdin = sys.stdin.buffer
+    # the frames go to a private copy of stdout, and fd 1 becomes stderr: nothing DuckDB or a stray
+    # print writes can corrupt them
+    stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     _write(stdout, READY)
     while True:
         try:

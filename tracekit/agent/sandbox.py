@@ -86,6 +86,7 @@ def open_sandbox(db_path: str | Path, memory_limit: str = f"{MEMORY_MB}MB", thre
     path = str(Path(db_path).resolve()).replace("'", "''")
     con.execute(f"ATTACH '{path}' AS trace (READ_ONLY)")
     con.execute("USE trace")
+    con.execute("SET enable_progress_bar = false")  # nobody sees it
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
