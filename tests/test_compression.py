@@ -162,3 +162,24 @@ def test_the_prefix_says_where_the_stream_broke(tmp_path):
     whole_path = tmp_path / "whole.json.gz"
     whole_path.write_bytes(whole)
     assert compression.prefix(whole_path, len(CONTENT) + 10).broken is None
+
+
+def test_a_json_bomb_fails_in_bounded_memory(tmp_path):
+    """A trace prefix and 128 MiB of whitespace in a ~128 KiB gzip: the error comes at its end, and
+    the reader never holds more than a few pieces of it (it used to hold all of it, twice)."""
+    from tracekit import db
+    from tracekit.ingest.pipeline import ingest
+
+    path = _bomb(tmp_path / "bomb.json.gz", 128, prefix=b'{"traceEvents":[', unit=b" ")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    con = db.connect(None)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match="closing the trace object"):
+            ingest(con, [path], tmpdir=str(scratch))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # pieces and their copies, half the content at most (270 MB before)
+    assert list(scratch.iterdir()) == []  # the staged parts are gone

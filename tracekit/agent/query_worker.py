@@ -20,7 +20,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 
 # Address space the worker holds besides the query's memory: DuckDB's code, its threads' stacks
 # and its allocator's arenas reserve ~820 MB once a database is attached, of which ~70 MB is resident.
@@ -38,20 +37,16 @@ class WorkerLost(Exception):
 
 class Worker:
     def __init__(self, memory_mb: int):
-        self.memory_mb = memory_mb
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(memory_mb)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
+            start_new_session=True,  # a Ctrl-C at the terminal is the caller's to handle, not the worker's
         )
         # its start (an interpreter, `import duckdb`) is not part of any query's time
         if self._wait(STARTUP_TIMEOUT_S) != READY:
             raise WorkerLost("the query worker did not start")
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
 
     def ask(self, job: dict, deadline_s: float):
         """The worker's answer to `job`; WorkerLost when it is not there within `deadline_s`."""
@@ -97,13 +92,17 @@ class Pool:
             idle = self._idle.setdefault(memory_mb, [])
             worker = idle.pop() if idle else None
         worker = worker if worker and worker.process.poll() is None else Worker(memory_mb)
-        answer = worker.ask(job, deadline_s)  # a WorkerLost worker is gone: it is not given back
+        try:
+            answer = worker.ask(job, deadline_s)
+        except BaseException:
+            worker.kill()  # lost, or left mid-frame: never given back
+            raise
         if answer.get("retire"):
             worker.process.wait()
         else:
             with self._lock:
                 self._idle[memory_mb].append(worker)
-        return answer, worker.pid
+        return answer
 
 
 POOL = Pool()
@@ -151,15 +150,16 @@ def serve(memory_mb: int) -> None:
             job = _read(stdin)
         except EOFError:
             return
-        started = time.perf_counter()
         try:
             answer = {"result": execute(memory_mb=memory_mb, **job)}
         except OutOfMemory as e:
             answer = {"refused": (str(e), e.hint), "retire": True}
         except QueryRefused as e:
             answer = {"refused": (str(e), e.hint)}
-        answer["elapsed_s"] = time.perf_counter() - started
-        _write(stdout, answer)
+        try:
+            _write(stdout, answer)
+        except BrokenPipeError:
+            return  # the caller is gone
         if answer.get("retire"):
             # the allocator keeps the address space it reserved for the failed query: a fresh
             # worker has the whole limit for the next one

@@ -123,7 +123,7 @@ def run_query(
     job = {"db_path": str(db_path), "sql": sql, "max_rows": max_rows, "timeout_s": timeout_s, "params": params}
     started = time.perf_counter()
     try:
-        answer, _ = POOL.run(job, memory_mb, timeout_s + KILL_GRACE_S)
+        answer = POOL.run(job, memory_mb, timeout_s + KILL_GRACE_S)
     except WorkerLost as e:
         raise QueryRefused(str(e), _SMALLER) from None
     if "refused" in answer:
