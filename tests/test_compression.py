@@ -107,3 +107,79 @@ def test_missing_files_and_sizes(tmp_path):
     assert compression.inflated_size(tmp_path / "missing") == 0
     assert compression.strip_suffix("rank0.pt.trace.json.gz") == "rank0.pt.trace.json"
     assert compression.strip_suffix("server.log") == "server.log"
+
+
+def _bomb(path, inflated_mib: int, prefix: bytes = b"", unit: bytes = b"\0", xz: bool = False):
+    """`prefix` then `inflated_mib` MiB of `unit` repeated, gzip (or xz) at its strongest: ~1000:1."""
+    block = unit * ((1 << 20) // len(unit))
+    packer = lzma.LZMACompressor() if xz else zlib.compressobj(9, zlib.DEFLATED, 31)
+    with open(path, "wb") as f:
+        f.write(packer.compress(prefix))
+        for _ in range(inflated_mib):
+            f.write(packer.compress(block))
+        f.write(packer.flush())
+    return path
+
+
+@pytest.mark.parametrize("xz", [False, True], ids=["gzip", "xz"])
+def test_reading_a_bomb_holds_a_bounded_piece_at_a_time(tmp_path, xz):
+    """256 MiB in a file of ~256 KiB (or less): one file read must not inflate into one 256 MiB piece."""
+    path = _bomb(tmp_path / "bomb", 256, xz=xz)
+    assert path.stat().st_size < 1 << 20
+    tracemalloc.start()
+    try:
+        total = largest = 0
+        for piece in compression.chunks(path):
+            total += len(piece)
+            largest = max(largest, len(piece))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    most = compression.CHUNK * compression.MAX_EXPANSION
+    assert total == 256 << 20
+    assert largest <= most and peak < 5 * most  # a piece, the decoder's buffers and their copies
+
+
+def test_a_corrupt_member_is_placed_near_where_it_breaks(tmp_path):
+    """The position names the compressed bytes the decoder stopped at, not the end of the file."""
+    whole = gzip.compress(CONTENT * 20, compresslevel=1)
+    assert len(whole) > 4 * compression.INPUT_STEP
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(whole[:40] + bytes(64) + whole[104:])
+    with pytest.raises(compression.BrokenStream) as err:
+        compression.read_bytes(corrupt)
+    assert err.value.position == f"compressed byte {compression.INPUT_STEP}"
+
+
+def test_the_prefix_says_where_the_stream_broke(tmp_path):
+    whole = gzip.compress(CONTENT)
+    cut = tmp_path / "cut.json.gz"
+    cut.write_bytes(whole[:200])
+    prefix = compression.prefix(cut, len(CONTENT))
+    assert CONTENT.startswith(prefix.data) and len(prefix.data) < len(CONTENT)
+    assert isinstance(prefix.broken, compression.BrokenStream) and "truncated" in prefix.broken.expected
+    assert compression.prefix(tmp_path / "cut.json.gz", 10).broken is None  # broken after the prefix asked for
+    whole_path = tmp_path / "whole.json.gz"
+    whole_path.write_bytes(whole)
+    assert compression.prefix(whole_path, len(CONTENT) + 10).broken is None
+
+
+def test_a_json_bomb_fails_in_bounded_memory(tmp_path):
+    """A trace prefix and 128 MiB of whitespace in a ~128 KiB gzip: the error comes at its end, and
+    the reader never holds more than a few pieces of it (it used to hold all of it, twice)."""
+    from tracekit import db
+    from tracekit.ingest.pipeline import ingest
+
+    path = _bomb(tmp_path / "bomb.json.gz", 128, prefix=b'{"traceEvents":[', unit=b" ")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    con = db.connect(None)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match="closing the trace object"):
+            ingest(con, [path], tmpdir=str(scratch))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20  # pieces and their copies, half the content at most (270 MB before)
+    assert list(scratch.iterdir()) == []  # the staged parts are gone

@@ -41,18 +41,18 @@ def rows_per_table(con) -> dict:
 
 def test_every_input_is_opened_and_recognised_once(monkeypatch):
     heads, decisions = [], []  # the prefixes read to recognise a format, and the decisions taken on them
-    head, recognise = compression.head, parsers.recognise
+    prefix, recognise = compression.prefix, parsers.recognise
 
-    def counted_head(path, n):
+    def counted_prefix(path, n):
         if n == parsers.HEAD_BYTES:  # a reader may read its own file's start again to read it (numerics: its layout)
             heads.append(path)
-        return head(path, n)
+        return prefix(path, n)
 
     def counted_recognise(prefix, name, **options):
         decisions.append(name)
         return recognise(prefix, name, **options)
 
-    monkeypatch.setattr(compression, "head", counted_head)
+    monkeypatch.setattr(compression, "prefix", counted_prefix)
     monkeypatch.setattr(parsers, "recognise", counted_recognise)
     results = ingest(db.connect(None), [DEMO_TRACE, DEMO_LOG, sample("numerics_tf32.csv")])
     assert [r.format for r in results] == ["kineto", "runtime_events", "numerics_report"]
@@ -164,6 +164,16 @@ def test_registry_lists_each_reader_once_and_the_error_names_them_all(tmp_path):
     message = str(err.value)
     assert message.startswith(f"{text}: byte 0: not a format tracekit reads; tried by content: ")
     assert message.endswith(", ".join(d for _, d in formats))
+
+
+def test_compressed_data_that_breaks_before_anything_is_recognised_says_where(tmp_path):
+    """Not "not a format": the damage that cut the prefix short, at its compressed byte."""
+    whole = gzip.compress(sample("ncu_tiles_hoisted_heavy.csv").read_bytes())
+    cut = tmp_path / "cut.csv.gz"
+    cut.write_bytes(whole[:200])  # the first lines of an Nsight Compute CSV: too few to recognise it
+    with pytest.raises(compression.BrokenStream) as err:
+        inputs.classify(cut)
+    assert str(err.value) == f"{cut}: compressed byte 200: gzip stream ends early (truncated file)"
 
 
 @pytest.mark.parametrize("head", [b"", b"\x00" * 64, bytes(range(256)) * 8, b"{", b"[", b'{"a": [1, 2', b"\n\n\r\t",

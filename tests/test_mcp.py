@@ -124,7 +124,7 @@ def test_errors_are_tool_results_with_hints(mcp_run):
         jsonschema.validate(payload, schema_document()["error"])
         assert payload["hint"]
     assert "DELETE" in unfence(errors[0][2].content[0].text)["error"]
-    assert "disabled" in unfence(errors[1][2].content[0].text)["error"]
+    assert "read_csv is not available" in unfence(errors[1][2].content[0].text)["error"]
 
 
 def test_diff_marks_finding_status(mcp_run):

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import glob
 import os
+import re
+import resource
+import time
+from pathlib import Path
 
 import pytest
 
 from tests.conftest import sample
+from tracekit.agent.query_worker import ADDRESS_SPACE_HEADROOM_MB, KILL_GRACE_S
 from tracekit.agent.sandbox import QueryRefused, check_statement, open_sandbox, run_query
 from tracekit.agent.session import Session
 from tracekit.agent.tools import call
@@ -81,8 +87,9 @@ def test_selects_that_touch_files_or_network_fail(sql, db_path):
     check_statement(sql)  # they are SELECTs: the engine itself must refuse them
     with pytest.raises(QueryRefused) as e:
         run_query(db_path, sql)
-    # refused by the engine (external access off; replacement scans of file paths are off with it)
-    assert any(w in str(e.value) for w in ("disabled", "Permission", "does not exist")), str(e.value)
+    # refused by the function check, or by the engine (external access off; replacement scans of
+    # file paths are off with it)
+    assert any(w in str(e.value) for w in ("not available", "disabled", "Permission", "does not exist")), str(e.value)
     assert "root:" not in str(e.value)
 
 
@@ -103,6 +110,7 @@ def test_engine_refuses_even_without_the_statement_check(db_path, tmp_path):
             "INSERT INTO runs (run_id) VALUES (99)",
             "CREATE TABLE trace.main.t AS SELECT 1",
             "SELECT * FROM read_text('/etc/passwd')",
+            "SELECT * FROM glob('/etc/*')",
         ]:
             with pytest.raises(duckdb.Error):
                 con.execute(sql)
@@ -149,3 +157,100 @@ def test_query_tool_returns_refusals_as_errors_with_hints(session):
     assert is_error and "ATTACH" in result["error"]
     result, is_error = call(session, "query", {"sql": "SELECT 1", "max_rows": 100000})
     assert is_error and "max_rows" in result["error"]
+
+
+# Single expressions that ran past the old in-process limits (20.7 s at 7 GB, 11.5 s at 3.9 GB), and
+# others of their kind: each must be refused within the timeout, in bounded memory.
+RUNAWAY = {
+    "unnest of a huge range": "SELECT count(*) FROM (SELECT unnest(range(100000000)))",
+    "a 2 GB string": "SELECT length(repeat('x', 2000000000))",
+    "a huge cross join": "SELECT count(*) FROM range(200000) a, range(200000) b WHERE a.range + b.range = -1",
+    "string_agg over a range": "SELECT length(string_agg(range::VARCHAR, ',')) FROM range(300000000)",
+    "a list of a range": "SELECT len(list(range)) FROM range(300000000)",
+}
+LIMIT_MB, TIMEOUT_S = 512, 2.0
+START_SLACK_S = 3.0  # starting a worker (an interpreter and `import duckdb`) on a loaded machine
+
+
+def _peak_rss_of_workers_mb() -> int:
+    """The largest peak RSS of this process's children, live (VmHWM) or reaped (rusage)."""
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            if int(Path(stat).read_text().rsplit(")", 1)[1].split()[1]) != os.getpid():
+                continue
+            status = Path(stat).with_name("status").read_text()
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        found = re.search(r"VmHWM:\s+(\d+) kB", status)
+        peak = max(peak, int(found.group(1)) if found else 0)
+    return peak >> 10
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads peak RSS from /proc")
+@pytest.mark.parametrize("sql", RUNAWAY.values(), ids=RUNAWAY.keys())
+def test_a_runaway_expression_is_refused_in_time_and_memory(sql, db_path):
+    own_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+    started = time.perf_counter()
+    with pytest.raises(QueryRefused) as e:
+        run_query(db_path, sql, timeout_s=TIMEOUT_S, memory_mb=LIMIT_MB)
+    elapsed = time.perf_counter() - started
+    assert re.search(r"interrupted after|stopped after|needs more than the sandbox's 512 MB", str(e.value)), e.value
+    assert e.value.hint
+    assert elapsed < TIMEOUT_S + KILL_GRACE_S + START_SLACK_S
+    assert _peak_rss_of_workers_mb() < LIMIT_MB + ADDRESS_SPACE_HEADROOM_MB
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10) - own_before < 64  # nothing came back
+    assert run_query(db_path, "SELECT count(*) FROM runs", memory_mb=LIMIT_MB)["rows"] == [[_counts(db_path)[1]]]
+
+
+def test_a_query_deaf_to_the_interrupt_is_killed_at_the_deadline(db_path):
+    # one list value sorted in one call: DuckDB looks for an interrupt only between chunks
+    sql = "SELECT length(list_sort(range(3000000)::VARCHAR[])::VARCHAR)"  # ~6 s, ~700 MB
+    run_query(db_path, "SELECT 1", memory_mb=1024)  # a worker started, so that its start is not timed
+    started = time.perf_counter()
+    with pytest.raises(QueryRefused, match="did not answer the interrupt"):
+        run_query(db_path, sql, timeout_s=0.3, memory_mb=1024)
+    assert time.perf_counter() - started < 0.3 + KILL_GRACE_S + 0.5
+    assert _peak_rss_of_workers_mb() < 1024 + ADDRESS_SPACE_HEADROOM_MB
+    assert run_query(db_path, "SELECT 42", memory_mb=1024)["rows"] == [[42]]  # a fresh worker
+
+
+def test_the_result_is_capped_in_characters(db_path):
+    res = run_query(db_path, "SELECT repeat('x', 400) AS s FROM range(500)", max_rows=500)
+    assert res["row_count"] == 500 and not res["truncated"]
+    wide = ", ".join(f"repeat('x', 500) AS c{i}" for i in range(100))
+    res = run_query(db_path, f"SELECT {wide} FROM range(500)", max_rows=500)
+    assert res["truncated"] and 0 < res["row_count"] < 500
+    assert sum(len(c) for row in res["rows"] for c in row) <= 1 << 20
+
+
+def test_nothing_shows_the_sandbox_paths_or_the_host(db_path):
+    secret = [str(Path(db_path).resolve().parent), os.path.expanduser("~"), os.getcwd()]
+    probes = [
+        "SELECT * FROM duckdb_settings()",
+        "SELECT current_setting('temp_directory')",
+        "SELECT current_setting('allowed_paths')",
+        "SELECT * FROM glob('*')",
+        "SELECT * FROM glob('/tmp/*')",
+        "SELECT * FROM duckdb_databases()",
+        "SELECT * FROM pragma_database_size()",
+        "SELECT * FROM duckdb_extensions()",
+        "SELECT * FROM duckdb_secrets()",
+        "SELECT * FROM duckdb_temporary_files()",
+        "SELECT * FROM query('SELECT * FROM duckdb_settings()')",
+        "SELECT * FROM query_table('duckdb_databases')",
+        "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT * FROM duckdb_settings()'))",
+        "SELECT list_transform([1], lambda x: current_setting('temp_directory'))",
+    ]
+    views = run_query(db_path, "SELECT schema_name, view_name FROM duckdb_views() WHERE internal", max_rows=500)
+    probes += [f'SELECT * FROM "{schema}"."{view}"' for schema, view in views["rows"]]
+    assert len(probes) > 30
+    for sql in probes:
+        try:
+            shown = str(run_query(db_path, sql, max_rows=500, timeout_s=2))
+        except QueryRefused as e:
+            shown = f"{e} {e.hint}"
+        leaked = [s for s in secret if s in shown]
+        assert not leaked, (sql, leaked, shown[:300])
+    with pytest.raises(QueryRefused, match="glob is not available"):
+        run_query(db_path, "SELECT * FROM glob('*')")

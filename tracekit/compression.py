@@ -4,8 +4,9 @@ An input is plain, gzip (several concatenated members too, as `cat a.gz b.gz` ma
 streams too) or a zip archive of one file, told apart by its first bytes, never by its name.
 `head` gives a bounded prefix for recognising a format: it never inflates more than asked, so a
 small file that inflates to gigabytes costs nothing to classify, and damaged data only shortens
-it. `chunks` gives the whole content; damaged or truncated data raises `BrokenStream`, an
-InputError that names the compressed byte where it broke.
+it (`prefix` also says where it broke). `chunks` gives the whole content in pieces of bounded
+size, however much one compressed byte inflates to; damaged or truncated data raises
+`BrokenStream`, an InputError that names the compressed byte where it broke.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from tracekit import tempfiles
@@ -26,6 +28,12 @@ MAGIC = ((b"\x1f\x8b", GZIP), (b"\xfd7zXZ\x00", XZ), (b"PK\x03\x04", ZIP))
 SUFFIXES = (".gz", ".gzip", ".xz", ".zip")
 CHUNK = 1 << 20  # bytes read from the file at a time (compressed bytes for a compressed input)
 HEAD_READ = 1 << 16
+# Compressed bytes handed to the decoder at a time: an error is placed within this many bytes of
+# where the data broke.
+INPUT_STEP = 1 << 16
+# A piece of inflated content is at most this many times the file bytes asked for: near what real
+# traces compress by, so their pieces stay large, while a bomb (1000:1) cannot inflate into one.
+MAX_EXPANSION = 8
 
 
 class BrokenStream(InputError):
@@ -52,6 +60,12 @@ def strip_suffix(name: str) -> str:
 # --------------------------------------------------------------------------------------------- prefix
 
 
+@dataclass
+class Prefix:
+    data: bytes
+    broken: BrokenStream | None = None  # why the content ended before the length asked for, if it did
+
+
 def head(path: Path, n: int) -> bytes:
     """At most `n` bytes from the start of the content, inflating no more than that.
 
@@ -59,57 +73,86 @@ def head(path: Path, n: int) -> bytes:
     cannot be opened as an archive is taken as the bytes it is: recognising a format never fails,
     reading it says what is wrong. OSError when the file cannot be opened.
     """
+    return prefix(path, n).data
+
+
+def prefix(path: Path, n: int) -> Prefix:
+    """`head`, with the BrokenStream that cut it short (so an input nothing recognises can be
+    reported as the damaged data it is rather than as an unknown format)."""
     with open(path, "rb") as f:
         first = f.read(HEAD_READ)
         compression = compression_of(first)
         if compression is None:
-            return first[:n] if len(first) >= n else first + f.read(n - len(first))
+            return Prefix(first[:n] if len(first) >= n else first + f.read(n - len(first)))
         if compression == ZIP:
             return _zip_head(path, n, first)
-        return _stream_head(f, first, n, compression)
+        f.seek(0)
+        out = []
+        try:
+            for piece in _inflate(f, path, compression, n, total=n):
+                out.append(piece)
+        except BrokenStream as e:
+            return Prefix(b"".join(out), e)
+        return Prefix(b"".join(out))
 
 
 def _decompressor(compression: str):
     return zlib.decompressobj(wbits=31) if compression == GZIP else lzma.LZMADecompressor()
 
 
-def _stream_head(f, data: bytes, n: int, compression: str) -> bytes:
-    errors = (zlib.error,) if compression == GZIP else (lzma.LZMAError, EOFError)
-    out, have = [], 0
+def _inflate(f, path: Path, compression: str, piece: int, total: int | None = None) -> Iterator[bytes]:
+    """The content of a gzip or xz file (all its members or streams) in pieces of at most `piece`
+    bytes, `total` bytes at most; BrokenStream at the compressed byte the decoder had read."""
+    errors = (zlib.error,) if compression == GZIP else (lzma.LZMAError,)
     dec = _decompressor(compression)
-    while have < n:
-        try:
-            piece = dec.decompress(data, n - have)
-        except errors:
-            break
-        out.append(piece)
-        have += len(piece)
-        if dec.eof:  # the next member or stream, if any
-            data = dec.unused_data or f.read(HEAD_READ)
+    data, consumed, produced, drained = b"", 0, 0, True
+    while total is None or produced < total:
+        if drained and not data:
+            data = f.read(INPUT_STEP)
             if not data:
                 break
-            dec = _decompressor(compression)
+            consumed += len(data)
+            if dec.eof:  # more after a finished member: the next member (stream)
+                dec = _decompressor(compression)
+        limit = piece if total is None else min(piece, total - produced)
+        try:
+            out = dec.decompress(data, limit)
+        except errors as e:
+            raise BrokenStream(path, f"compressed byte {consumed}", f"valid {compression} data ({e})") from None
+        if out:
+            produced += len(out)
+            yield out
+        if dec.eof:
+            data, drained = dec.unused_data, True
+            if data:
+                dec = _decompressor(compression)
             continue
         data = dec.unconsumed_tail if compression == GZIP else b""
-        if compression == XZ and not dec.needs_input:
-            continue  # output is waiting inside the decompressor: ask again with no new input
-        if not data:
-            data = f.read(HEAD_READ)
-            if not data:
-                break
-    return b"".join(out)
+        # a full piece may leave output inside the decoder, so it is asked again before more input
+        drained = dec.needs_input if compression == XZ else len(out) < limit
+    else:
+        return  # the total asked for: what follows is not read
+    if not dec.eof:
+        raise BrokenStream(path, f"compressed byte {consumed}", f"{compression} stream ends early (truncated file)")
 
 
-def _zip_head(path: Path, n: int, first: bytes) -> bytes:
+_ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError)
+
+
+def _zip_head(path: Path, n: int, first: bytes) -> Prefix:
     try:
-        with zipfile.ZipFile(path) as archive:
-            members = _files(archive)
-            if len(members) != 1:
-                return b""  # reading it says how many files it holds
+        archive = zipfile.ZipFile(path)
+    except _ZIP_ERRORS:
+        return Prefix(first[:n])
+    with archive:
+        members = _files(archive)
+        if len(members) != 1:
+            return Prefix(b"")  # reading it says how many files it holds
+        try:
             with archive.open(members[0]) as member:
-                return member.read(n)
-    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError, ValueError):
-        return first[:n]
+                return Prefix(member.read(n))
+        except _ZIP_ERRORS as e:
+            return Prefix(first[:n], BrokenStream(path, f"zip member {members[0].filename}", f"valid zip data ({e})"))
 
 
 def _files(archive: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
@@ -120,8 +163,9 @@ def _files(archive: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
 
 
 def chunks(path: Path, size: int = CHUNK) -> Iterator[bytes]:
-    """The whole content in pieces (reading `size` file bytes at a time); BrokenStream where the
-    compressed data is corrupt or ends early, InputError when the file cannot be opened."""
+    """The whole content in pieces (reading `size` file bytes at a time, a piece at most
+    MAX_EXPANSION times that); BrokenStream where the compressed data is corrupt or ends early,
+    InputError when the file cannot be opened."""
     path = Path(path)
     try:
         f = open(path, "rb")
@@ -140,7 +184,7 @@ def chunks(path: Path, size: int = CHUNK) -> Iterator[bytes]:
         elif compression == ZIP:
             yield from _zip_chunks(path, size)
         else:
-            yield from _stream_chunks(f, path, size, compression)
+            yield from _inflate(f, path, compression, size * MAX_EXPANSION)
 
 
 def read_bytes(path: Path) -> bytes:
@@ -160,26 +204,6 @@ def decompressed_copy(path: Path, tmpdir: str | None = None) -> Path:
         os.unlink(name)
         raise
     return Path(name)
-
-
-def _stream_chunks(f, path: Path, size: int, compression: str) -> Iterator[bytes]:
-    errors = (zlib.error,) if compression == GZIP else (lzma.LZMAError,)
-    dec = _decompressor(compression)
-    read = 0
-    while raw := f.read(size):
-        read += len(raw)
-        try:
-            data = dec.decompress(raw)
-            while dec.eof and dec.unused_data:  # concatenated members (streams)
-                rest = dec.unused_data
-                dec = _decompressor(compression)
-                data += dec.decompress(rest)
-        except errors as e:
-            raise BrokenStream(path, f"compressed byte {read}", f"valid {compression} data ({e})") from None
-        if data:
-            yield data
-    if not dec.eof:
-        raise BrokenStream(path, f"compressed byte {read}", f"{compression} stream ends early (truncated file)")
 
 
 def _zip_chunks(path: Path, size: int) -> Iterator[bytes]:

@@ -19,9 +19,13 @@ class Input:
 
 
 def classify(path: Path, **options):
-    """The reader of this file, by content; InputError naming what was tried when none takes it."""
-    reader = recognise(path, **options)
+    """The reader of this file, by content; InputError naming what was tried when none takes it, or
+    where its compressed data broke when that cut the content short."""
+    head = _prefix(path)
+    reader = parsers.recognise(head.data, path.name, **options)
     if reader is None:
+        if head.broken is not None:
+            raise head.broken
         tried = ", ".join(description for _, description in parsers.formats())
         raise InputError(path, "byte 0", f"not a format tracekit reads; tried by content: {tried}")
     return reader
@@ -29,11 +33,15 @@ def classify(path: Path, **options):
 
 def recognise(path: Path, fallback: bool = True, **options):
     """The reader of this file from one bounded read of its content, or None (parsers.recognise)."""
+    return parsers.recognise(_prefix(path).data, path.name, fallback=fallback, **options)
+
+
+def _prefix(path: Path) -> compression.Prefix:
     try:
-        head = compression.head(path, parsers.HEAD_BYTES)
+        return compression.prefix(path, parsers.HEAD_BYTES)
     except OSError:
-        head = b""  # a missing or unreadable file: named by its suffix, else read as a trace, which says so
-    return parsers.recognise(head, path.name, fallback=fallback, **options)
+        # a missing or unreadable file: named by its suffix, else read as a trace, which says so
+        return compression.Prefix(b"")
 
 
 def _natural(path: Path) -> list:
