@@ -40,11 +40,20 @@ def connect(path: str | None = None, read_only: bool = False):
 
 
 def bound_memory(con, input_bytes: int) -> None:
-    """Cap DuckDB's memory near the size of the raw JSON being analysed (at least 1 GiB), so a large
-    trace costs about its own size in RAM and the rest spills to disk. TRACEKIT_MEMORY_LIMIT
+    """Cap DuckDB's memory near the size of the raw JSON being analysed (at least 1 GiB, at most
+    DuckDB's own default of 80% of the machine's memory: a gzip trailer may claim any size), so a
+    large trace costs about its own size in RAM and the rest spills to disk. TRACEKIT_MEMORY_LIMIT
     (e.g. "8GB") overrides."""
-    limit = os.environ.get("TRACEKIT_MEMORY_LIMIT") or f"{max(1 << 30, input_bytes) >> 20}MB"
+    ceiling = _physical_memory() * 8 // 10 or input_bytes
+    limit = os.environ.get("TRACEKIT_MEMORY_LIMIT") or f"{max(1 << 30, min(input_bytes, ceiling)) >> 20}MiB"
     con.execute("SET memory_limit = ?", [limit])
+
+
+def _physical_memory() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on this platform
+        return 0
 
 
 def ensure_schema(con, comments: bool = True) -> None:
