@@ -71,6 +71,7 @@ class Worker:
             raise WorkerLost(f"the query worker died ({self._exit()})") from None
 
     def kill(self) -> None:
+        self.peak_rss_mb = max(getattr(self, "peak_rss_mb", 0), _peak_rss_mb(self.process.pid))
         self.process.kill()
         self.process.wait()
 
@@ -86,6 +87,7 @@ class Pool:
     def __init__(self):
         self._idle: dict[int, list[Worker]] = {}
         self._lock = threading.Lock()
+        self.peak_rss_mb = 0  # the most any of its workers held, answered or killed: what the limits bound
 
     def run(self, job: dict, memory_mb: int, deadline_s: float):
         with self._lock:
@@ -96,7 +98,9 @@ class Pool:
             answer = worker.ask(job, deadline_s)
         except BaseException:
             worker.kill()  # lost, or left mid-frame: never given back
+            self.peak_rss_mb = max(self.peak_rss_mb, getattr(worker, "peak_rss_mb", 0))
             raise
+        self.peak_rss_mb = max(self.peak_rss_mb, answer.get("peak_rss_mb", 0))
         if answer.get("retire"):
             worker.process.wait()
         else:
@@ -123,6 +127,18 @@ def _read(stream):
     if len(data) < size:
         raise EOFError
     return pickle.loads(data)
+
+
+def _peak_rss_mb(pid: int) -> int:
+    """A process's peak resident memory (Linux: VmHWM); 0 where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) >> 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _limit_address_space(memory_mb: int) -> None:
@@ -156,6 +172,7 @@ def serve(memory_mb: int) -> None:
             answer = {"refused": (str(e), e.hint), "retire": True}
         except QueryRefused as e:
             answer = {"refused": (str(e), e.hint)}
+        answer["peak_rss_mb"] = _peak_rss_mb(os.getpid())
         try:
             _write(stdout, answer)
         except BrokenPipeError:
