@@ -78,9 +78,21 @@ def _loads(data: bytes):
     except orjson.JSONDecodeError:
         pass
     try:
-        return json.loads(data)
-    except ValueError:
+        # Python's decoder passes lone surrogates (an escaped one, or one encoded in the bytes) through
+        return _valid_text(json.loads(data))
+    except (ValueError, RecursionError):
         return None
+
+
+def _valid_text(value):
+    """`value` with every string made valid UTF-8 (a lone surrogate becomes '?')."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode()
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    return value
 
 
 def _runs(path: Path, data: bytes, out: Export) -> list:

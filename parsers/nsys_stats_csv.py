@@ -11,13 +11,13 @@ the start of the capture, as nsys writes them.
 from __future__ import annotations
 
 import csv
-import io
 from pathlib import Path
 
 import orjson
 
 from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers.csv_records import records
 from tracekit.parsers.rows import Export
 
 FORMAT = "nsys_stats_csv"
@@ -45,7 +45,7 @@ def _int(value: str):
 def read(path: Path, **_) -> Export:
     path = Path(path)
     data = compression.read_bytes(path)
-    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8", "replace"), newline=None)))
+    rows = records(path, data.decode("utf-8", "replace"), as_dicts=True)
     header = set(rows[0]) if rows else set(next(csv.reader([_header(data)]), []))
     out = Export(source=path, format=FORMAT, bytes_read=len(data))
     if {"Start (ns)", "End (ns)", "Name", "PID", "TID"} <= header:
