@@ -84,6 +84,14 @@ def _loads(data: bytes):
         return None
 
 
+def _finite(number) -> bool:
+    """Whether a JSON number is one a double holds (an integer of 400 digits is not)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def _valid_text(value):
     """`value` with every string made valid UTF-8 (a lone surrogate becomes '?')."""
     if isinstance(value, str):
@@ -142,7 +150,7 @@ def read(path: Path, **_) -> Export:
             continue
         texts = {k: v for k, v in obj.items() if isinstance(v, str) and len(v) <= 256}
         context = {k: texts[k] for k in ("backend", "model_id", "tokenizer_id", "dataset_name", "date") if k in texts}
-        for key in [k for k, v in numbers.items() if not math.isfinite(v)]:
+        for key in [k for k, v in numbers.items() if not _finite(v)]:
             non_finite.append(f"run {index}: {key} = {numbers.pop(key)}")
         for key, value in numbers.items():
             args = {"key": key, "run": index, "line": line_no, **context}

@@ -207,5 +207,6 @@ _INT_FIELDS = {"launch_id", "pid", "context", "stream", "device"}
 def _typed(key: str, value):
     if key in _INT_FIELDS:
         number = parse_number(value) if isinstance(value, str) else value
-        return int(number) if number is not None else None
+        # an id beyond 64 bits (or infinite: 400 digits) is no launch, stream or device id
+        return int(number) if number is not None and abs(number) < 2**63 else None
     return value

@@ -38,7 +38,7 @@ def _int(value: str):
     value = (value or "").strip().replace(",", "")
     try:
         return int(float(value)) if value else None
-    except ValueError:
+    except (ValueError, OverflowError):  # text, NaN or infinite: no count
         return None
 
 
@@ -61,6 +61,9 @@ def read(path: Path, **_) -> Export:
     known = {"Start (ns)", "End (ns)", "Duration (ns)", "Name", "PID", "TID", "CorrId", "Device", "Strm"}
     for line_no, r in enumerate(rows, start=2):
         out.read[report] += 1
+        if None in r:  # DictReader's key for the fields beyond the header's
+            out.skipped["row with more fields than the header"] += 1
+            continue
         start = _int(r.get("Start (ns)"))
         end = _int(r.get("End (ns)"))
         dur = _int(r.get("Duration (ns)")) if r.get("Duration (ns)") not in (None, "") else (

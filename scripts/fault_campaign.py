@@ -415,11 +415,11 @@ def _sqlite_mutation(rng, data: bytes, workdir: Path):
                 con.execute(f'DELETE FROM "{t}"')
         con.commit()
         label = f"sqlite:{kind}:{table}.{column}" if kind in value or kind.endswith("column") else f"sqlite:{kind}"
+        con.close()
+        return path.read_bytes(), label
     finally:
         con.close()
-    mutated = path.read_bytes()
-    path.unlink()
-    return mutated, label
+        path.unlink()
 
 
 # ---- gzip: the content as two members, then broken where a reader meets it mid-stream ----
