@@ -97,7 +97,9 @@ def _arrow(rows: list):
         pass
     try:
         columns = list(zip(*rows)) if rows else [()] * len(ROW_FIELDS)
-        return pa.table({name: pa.array(col, type=types.get(name, pa.string())) for name, col in zip(ROW_FIELDS, columns)})
+        return pa.table(
+            {name: pa.array(col, type=types.get(name, pa.string())) for name, col in zip(ROW_FIELDS, columns)}
+        )
     except (TypeError, ValueError, OverflowError, pa.ArrowException):
         return None
 

@@ -188,7 +188,9 @@ def _end_overflow(rng, doc):
     if not timed:
         return _replace_node(rng, doc, _choose(rng, (int, float)), str(INT64_MAX))
     event = rng.choice(timed)
-    event["ts"], event["dur"] = rng.choice([(INT64_MAX // 1000, INT64_MAX // 1000), (INT64_MAX - 5, 10), (9.2e15, 9.2e15)])
+    event["ts"], event["dur"] = rng.choice(
+        [(INT64_MAX // 1000, INT64_MAX // 1000), (INT64_MAX - 5, 10), (9.2e15, 9.2e15)]
+    )
     event.setdefault("ph", "X")
     return json.dumps(doc)
 
@@ -279,7 +281,9 @@ def _csv_mutation(rng, data: bytes):
     elif kind == "huge-field" and row:
         row[rng.randrange(len(row))] = "7" * 140_000 if rng.random() < 0.5 else "x" * 140_000
     elif kind == "number" and row:
-        numeric = [k for k, v in enumerate(row) if re.fullmatch(r"-?[\d.,]+(e[-+]?\d+)?", v.strip())] or list(range(len(row)))
+        numeric = [k for k, v in enumerate(row) if re.fullmatch(r"-?[\d.,]+(e[-+]?\d+)?", v.strip())] or list(
+            range(len(row))
+        )
         row[rng.choice(numeric)] = rng.choice(TEXT_NUMBERS)
     elif kind == "blank-cells":
         rows[i] = [""] * len(row)
@@ -337,7 +341,9 @@ def _proto_mutation(rng, data: bytes):
     body = data[payload:end]
     kind = rng.choice(["varint-garbage", "huge-length", "timestamp", "inner-flips", "inner-truncate", "packet-cut"])
     if kind == "huge-length":  # the packet claims more bytes than the file holds
-        return data[:tag] + b"\x0a" + _varint(rng.choice([2**31, 2**62, len(data) * 3])) + data[payload:], "proto:huge-length"
+        return data[:tag] + b"\x0a" + _varint(rng.choice([2**31, 2**62, len(data) * 3])) + data[
+            payload:
+        ], "proto:huge-length"
     if kind == "packet-cut":
         return data[: rng.randrange(payload, end + 1)], "proto:packet-cut"
     if kind == "varint-garbage":  # eleven continuation bytes: longer than any varint
@@ -345,7 +351,11 @@ def _proto_mutation(rng, data: bytes):
         body = body[:k] + b"\xff" * rng.choice([10, 11, 20]) + rng.choice([b"\x01", b""]) + body[k:]
     elif kind == "timestamp":  # TracePacket.timestamp (field 8, varint) set to the u64 limits
         value = rng.choice([2**64 - 1, 2**63, INT64_MAX, 2**63 - 2])
-        body = b"\x40" + _varint(value) + (body[1 + len(_varint(_read_varint(body, 1)[0])) :] if body[:1] == b"\x40" else body)
+        body = (
+            b"\x40"
+            + _varint(value)
+            + (body[1 + len(_varint(_read_varint(body, 1)[0])) :] if body[:1] == b"\x40" else body)
+        )
     elif kind == "inner-flips":
         body, _ = _flip(rng, body)
     elif kind == "inner-truncate":
@@ -396,20 +406,27 @@ def _sqlite_mutation(rng, data: bytes, workdir: Path):
         elif kind == "end-before-start":
             cols = {c for c, _ in columns}
             if {"start", "end"} <= cols:
-                con.execute(f'UPDATE "{table}" SET "end" = "start" - ? WHERE {row}', [rng.choice([1, 10**12, INT64_MAX])])
+                con.execute(
+                    f'UPDATE "{table}" SET "end" = "start" - ? WHERE {row}', [rng.choice([1, 10**12, INT64_MAX])]
+                )
             else:
                 con.execute(f'UPDATE "{table}" SET "{column}" = ? WHERE {row}', [INT64_MAX])
         elif kind == "drop-table":
             con.execute(f'DROP TABLE "{table}"')
         elif kind in ("drop-column", "rename-column"):
             try:
-                verb = f'DROP COLUMN "{column}"' if kind == "drop-column" else f'RENAME COLUMN "{column}" TO "{column}_x"'
+                verb = (
+                    f'DROP COLUMN "{column}"' if kind == "drop-column" else f'RENAME COLUMN "{column}" TO "{column}_x"'
+                )
                 con.execute(f'ALTER TABLE "{table}" {verb}')
             except sqlite3.Error:  # a column in an index or a key cannot be dropped: rename the table instead
                 con.execute(f'ALTER TABLE "{table}" RENAME TO "{table}_gone"')
         elif kind == "corrupt-master":
             con.execute("PRAGMA writable_schema = ON")
-            con.execute("UPDATE sqlite_master SET sql = ? WHERE name = ?", [rng.choice(["garbage", "CREATE TABLE x(", ""]), table])
+            con.execute(
+                "UPDATE sqlite_master SET sql = ? WHERE name = ?",
+                [rng.choice(["garbage", "CREATE TABLE x(", ""]), table],
+            )
         elif kind == "empty-strings":
             for t in [t for t in tables if t.startswith("StringIds")] or [table]:
                 con.execute(f'DELETE FROM "{t}"')
@@ -453,7 +470,9 @@ def mutate(rng, seed: Seed, data: bytes, workdir: Path) -> tuple[bytes, str]:
     """One mutation of the seed's content, of a class picked for its kind, and its label."""
     generic = [_truncate, _flip]
     if seed.kind in ("json", "jsonl"):
-        classes = [lambda r, d: _json_mutation(r, d, seed.kind == "jsonl")] * 6 + [_text_number, _invalid_utf8] + generic
+        classes = (
+            [lambda r, d: _json_mutation(r, d, seed.kind == "jsonl")] * 6 + [_text_number, _invalid_utf8] + generic
+        )
     elif seed.kind == "csv":
         classes = [_csv_mutation] * 5 + [_text_number, _long_line] + generic
     elif seed.kind == "text":
@@ -636,8 +655,16 @@ class Figures:
     results: list = field(default_factory=list)  # every in-process Outcome
 
 
-def campaign(cases_per_format: int, seed: int, workdir: Path, workers: int = 2, limit: float = 60.0,
-             cli_per_format: int = 0, tracekit_bin: str | None = None, formats=None) -> dict[str, Figures]:
+def campaign(
+    cases_per_format: int,
+    seed: int,
+    workdir: Path,
+    workers: int = 2,
+    limit: float = 60.0,
+    cli_per_format: int = 0,
+    tracekit_bin: str | None = None,
+    formats=None,
+) -> dict[str, Figures]:
     """Run the campaign; returns the figures per format (their `failures`: the tracebacks, bad
     errors and hangs, with the files that caused them, kept in `workdir`)."""
     rng = random.Random(seed)
@@ -653,7 +680,9 @@ def campaign(cases_per_format: int, seed: int, workdir: Path, workers: int = 2, 
             k = i % len(fmt_seeds)
             s = fmt_seeds[k]
             data, label = mutate(rng, s, contents[k], workdir)
-            suffix = ".parquet" if s.kind == "parquet" else "".join(s.path.suffixes[-2:] if s.gzip else s.path.suffixes[-1:])
+            suffix = (
+                ".parquet" if s.kind == "parquet" else "".join(s.path.suffixes[-2:] if s.gzip else s.path.suffixes[-1:])
+            )
             if s.gzip and not suffix.endswith(".gz"):
                 suffix += ".gz"
             if not s.gzip and suffix == ".gz":
@@ -685,12 +714,18 @@ def campaign(cases_per_format: int, seed: int, workdir: Path, workers: int = 2, 
 
 def report(figures: dict[str, Figures], out=sys.stdout) -> None:
     kinds = ["ok", "error", "bad error", "traceback", "hang"]
-    out.write(f"{'format':<16} {'cases':>5} " + " ".join(f"{k:>9}" for k in kinds) + "  peak RSS   time   cli (ok/err/bad)\n")
+    out.write(
+        f"{'format':<16} {'cases':>5} " + " ".join(f"{k:>9}" for k in kinds) + "  peak RSS   time   cli (ok/err/bad)\n"
+    )
     total = Counter()
     for fmt, f in figures.items():
         total.update(f.outcomes)
         total["cases"] += f.cases
-        cli = f"{f.cli['ok']}/{f.cli['error']}/{f.cli['bad error'] + f.cli['traceback'] + f.cli['hang']}" if f.cli else "-"
+        cli = (
+            f"{f.cli['ok']}/{f.cli['error']}/{f.cli['bad error'] + f.cli['traceback'] + f.cli['hang']}"
+            if f.cli
+            else "-"
+        )
         out.write(f"{fmt:<16} {f.cases:>5} " + " ".join(f"{f.outcomes[k]:>9}" for k in kinds)
                   + f"  {f.peak_rss_kb / 1024:6.0f} MB {f.seconds:5.0f} s  {cli}\n")  # fmt: skip
     out.write(f"{'all':<16} {total['cases']:>5} " + " ".join(f"{total[k]:>9}" for k in kinds) + "\n")
@@ -713,7 +748,9 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     tracekit_bin = shutil.which("tracekit") or str(Path(sys.executable).with_name("tracekit"))
     try:
-        figures = campaign(args.cases, args.seed, workdir, args.workers, args.limit, args.cli, tracekit_bin, args.format)
+        figures = campaign(
+            args.cases, args.seed, workdir, args.workers, args.limit, args.cli, tracekit_bin, args.format
+        )
         report(figures)
     finally:
         if args.keep is None:
