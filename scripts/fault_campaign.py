@@ -60,6 +60,8 @@ JSON_STRINGS = ['"\\ud800x"', '"\\udfff"', '"a\\u0000b"', '"' + "x" * 200_000 + 
 DEEP = ["[" * 5000 + "]" * 5000, '{"a":' * 3000 + "1" + "}" * 3000]
 TEXT_NUMBERS = ["1e30", "-1e30", "nan", "NaN", "inf", "Infinity", "-inf", str(INT64_MIN), str(INT64_MAX), str(2**64),
                 str(2**128 + 1), "9" * 400, "-1", "0", "1.5", "abc", "", "0x1f", "1,5"]  # fmt: skip
+# words of the log lines the serving-log reader turns into events and counters
+STATISTIC_WORDS = (b"batch", b"throughput", b"Finish:", b"Receive:", b"HTTP/", b"Engine")
 INVALID_UTF8 = [b"\xff\xfe", b"\xc3", b"\xed\xa0\x80", b"\x80abc"]  # the third: a surrogate encoded as UTF-8
 
 
@@ -228,6 +230,19 @@ def _text_number(rng, data: bytes):
         return data, "text:number(none)"
     m = rng.choice(found)
     return data[: m.start()] + rng.choice(TEXT_NUMBERS).encode() + data[m.end() :], "text:number"
+
+
+def _field_number(rng, data: bytes):
+    """A number written as a field's value (`#new-token: 7`, `'e2e_latency': 0.5`, `ts=12`), the ones a
+    log reader parses, replaced by one no producer writes."""
+    found = list(re.finditer(rb"(?<=[:=] )-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|(?<=[:=])-?\d+(?:\.\d+)?", data))
+    line = lambda m: data[data.rfind(b"\n", 0, m.start()) + 1 : data.find(b"\n", m.end())]  # noqa: E731
+    statistics = [m for m in found if any(word in line(m) for word in STATISTIC_WORDS)]
+    if not found:
+        return _text_number(rng, data)
+    m = rng.choice(statistics or found)
+    literal = rng.choice(TEXT_NUMBERS + ["1e400", "1.2.3", "9" * 25])
+    return data[: m.start()] + literal.encode() + data[m.end() :], "text:field-number"
 
 
 def _invalid_utf8(rng, data: bytes):
@@ -476,7 +491,7 @@ def mutate(rng, seed: Seed, data: bytes, workdir: Path) -> tuple[bytes, str]:
     elif seed.kind == "csv":
         classes = [_csv_mutation] * 5 + [_text_number, _long_line] + generic
     elif seed.kind == "text":
-        classes = [_text_number] * 4 + [_invalid_utf8, _long_line] + generic
+        classes = [_field_number] * 4 + [_text_number, _invalid_utf8, _long_line] + generic
     elif seed.kind == "proto":
         classes = [_proto_mutation] * 4 + generic
     elif seed.kind == "sqlite":

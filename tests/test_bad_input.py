@@ -311,3 +311,23 @@ def test_an_input_error_is_one_line_whatever_its_cause_quotes(tmp_path):
     with pytest.raises(InputError) as e:
         ingest(db.connect(None), [path])
     assert "\n" not in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("literal", ["1e400", "1.2.3", "9" * 400])
+def test_serving_log_numbers_no_field_holds_do_not_crash(tmp_path, literal):
+    import re
+
+    def spoil(lines):
+        finish = next(i for i, line in enumerate(lines) if "Finish: obj=" in line and "e2e_latency" in line)
+        lines[finish] = re.sub(r"'e2e_latency': [\d.e-]+", f"'e2e_latency': {literal}", lines[finish])
+        lines[finish] = re.sub(r"'request_received_ts': [\d.e-]+", f"'request_received_ts': {literal}", lines[finish])
+        batch = next(i for i, line in enumerate(lines) if "Prefill batch" in line)
+        lines[batch] = re.sub(r"#new-token: \d+", f"#new-token: {literal}", lines[batch])
+
+    head = corpus("sglsetup__sglang.log").read_text().splitlines()[:400]
+    source = tmp_path / "head.log"
+    source.write_text("\n".join(head) + "\n")
+    con = db.connect(None)
+    ingest(con, [_lines_with(source, tmp_path, "sglang.log", spoil)])
+    _reasons(con)
+    assert con.execute("SELECT count(*) FROM event_rows WHERE name LIKE 'sglang.%'").fetchone()[0] > 0
