@@ -93,7 +93,7 @@ def _arrow(rows: list):
     try:  # the tuples straight into one struct array: twice as fast as transposing them in Python
         struct = pa.struct([(name, types.get(name, pa.string())) for name in ROW_FIELDS])
         return pa.Table.from_struct_array(pa.array(rows, type=struct))
-    except (TypeError, ValueError, OverflowError, pa.ArrowException):  # rows that are not plain tuples
+    except (TypeError, ValueError, OverflowError, pa.ArrowException):  # not plain tuples, or a value that does not fit
         pass
     try:
         columns = list(zip(*rows)) if rows else [()] * len(ROW_FIELDS)
@@ -117,19 +117,29 @@ def _representable(rows: list, skipped: Counter) -> list:
     `skipped` by reason."""
     kept = []
     for row in rows:
+        row = list(row)
+        for i, bound in _INTS:
+            row[i] = _integer(row[i], bound)
         ts, dur = row[4], row[5]
-        if not all(row[i] is None or (type(row[i]) is int and -bound <= row[i] < bound) for i, bound in _INTS):
-            skipped[TIME_REASON if not _is_time(ts) or not _is_time(dur) else ID_REASON] += 1
-            continue
-        if abs(ts or 0) > ABSURD_NS or abs(dur or 0) > ABSURD_NS or abs((ts or 0) + (dur or 0)) > ABSURD_NS:
+        if any(row[i] is _UNFIT for i, _ in _INTS):
+            skipped[ID_REASON if ts is not _UNFIT and dur is not _UNFIT else TIME_REASON] += 1
+        elif abs(ts or 0) > ABSURD_NS or abs(dur or 0) > ABSURD_NS or abs((ts or 0) + (dur or 0)) > ABSURD_NS:
             skipped[TIME_REASON] += 1
-            continue
-        kept.append(tuple(_text(v) if i in _TEXTS else v for i, v in enumerate(row)))
+        else:
+            kept.append(tuple(_text(v) if i in _TEXTS else v for i, v in enumerate(row)))
     return kept
 
 
-def _is_time(value) -> bool:
-    return value is None or (type(value) is int and abs(value) <= ABSURD_NS)
+_UNFIT = object()
+
+
+def _integer(value, bound: int):
+    """`value` as an integer its column holds (an integral float becomes one), else _UNFIT."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value is None or (type(value) is int and -bound <= value < bound):
+        return value
+    return _UNFIT
 
 
 def _text(value):
