@@ -78,9 +78,29 @@ def _loads(data: bytes):
     except orjson.JSONDecodeError:
         pass
     try:
-        return json.loads(data)
-    except ValueError:
+        # Python's decoder passes lone surrogates (an escaped one, or one encoded in the bytes) through
+        return _valid_text(json.loads(data))
+    except (ValueError, RecursionError):
         return None
+
+
+def _finite(number) -> bool:
+    """Whether a JSON number is one a double holds (an integer of 400 digits is not)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
+def _valid_text(value):
+    """`value` with every string made valid UTF-8 (a lone surrogate becomes '?')."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode()
+    if isinstance(value, dict):
+        return {_valid_text(k): _valid_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_valid_text(v) for v in value]
+    return value
 
 
 def _runs(path: Path, data: bytes, out: Export) -> list:
@@ -130,7 +150,7 @@ def read(path: Path, **_) -> Export:
             continue
         texts = {k: v for k, v in obj.items() if isinstance(v, str) and len(v) <= 256}
         context = {k: texts[k] for k in ("backend", "model_id", "tokenizer_id", "dataset_name", "date") if k in texts}
-        for key in [k for k, v in numbers.items() if not math.isfinite(v)]:
+        for key in [k for k, v in numbers.items() if not _finite(v)]:
             non_finite.append(f"run {index}: {key} = {numbers.pop(key)}")
         for key, value in numbers.items():
             args = {"key": key, "run": index, "line": line_no, **context}

@@ -10,8 +10,6 @@ and parsed to a double where they are numbers.
 
 from __future__ import annotations
 
-import csv
-import io
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,6 +17,7 @@ from pathlib import Path
 
 from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers.csv_records import records
 from tracekit.parsers.rows import Export
 
 FORMAT = "ncu_csv"
@@ -115,14 +114,15 @@ def parse(path: Path) -> NcuTable:
     lines = text.splitlines()
     table = NcuTable(bytes_read=len(raw))
     # profiler chatter (==PROF==, ==WARNING==, blank) is not data
-    data_lines = []
-    for line in lines:
+    data_lines, numbers = [], []
+    for number, line in enumerate(lines, 1):
         if not line.strip() or line.startswith("=="):
             continue
         data_lines.append(line)
+        numbers.append(number)
     if not data_lines:
         raise InputError(path, "line 1", 'expected an ncu --csv header starting with "ID"')
-    rows = list(csv.reader(io.StringIO("\n".join(data_lines))))
+    rows = records(path, "\n".join(data_lines), lines=numbers)
     header = rows[0]
     if "Kernel Name" not in header:
         raise InputError(path, "line 1", 'expected an ncu --csv header with a "Kernel Name" column')
@@ -207,5 +207,6 @@ _INT_FIELDS = {"launch_id", "pid", "context", "stream", "device"}
 def _typed(key: str, value):
     if key in _INT_FIELDS:
         number = parse_number(value) if isinstance(value, str) else value
-        return int(number) if number is not None else None
+        # an id beyond 64 bits (or infinite: 400 digits) is no launch, stream or device id
+        return int(number) if number is not None and abs(number) < 2**63 else None
     return value

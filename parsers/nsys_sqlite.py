@@ -26,6 +26,7 @@ still pairs each call with its own process's GPU work.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import orjson
 
 from tracekit import compression
 from tracekit.errors import InputError
-from tracekit.parsers.rows import Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
+from tracekit.parsers.rows import ABSURD_NS, TIME_REASON, Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
 
 FORMAT = "nsys_sqlite"
 DESCRIPTION = "Nsight Systems SQLite export"
@@ -360,15 +361,21 @@ def _statements(table: str, spec: dict, run_id: int, shift: int) -> tuple[str, s
     row = spec["row"]
     ts = row.get("ts")
     values = {**row, "ts": f"{ts} + {int(shift)}" if ts else None}
+    reason = spec["reason"]
+    if ts:  # times a BIGINT cannot hold once shifted (or their difference) are skipped, not an overflow
+        ends = [f'b."{c}"::HUGEINT + {int(shift)}' for c in ("start", "end") if c in spec["cols"]]
+        span = f'abs(b."end"::HUGEINT - b.start) > {ABSURD_NS} OR ' if "end" in spec["cols"] else ""
+        reason = (f"CASE WHEN {span}" + " OR ".join(f"abs({e}) > {ABSURD_NS}" for e in ends)
+                  + f" THEN '{TIME_REASON}' ELSE ({reason}) END")  # fmt: skip
     fields = ("kind", "ph", "cat", "name", "ts", "dur", "pid", "tid", "track", "device", "stream", "correlation")
     exprs = ", ".join(values.get(f) or "NULL" for f in fields)
     extra = orjson.dumps({"nsys_table": table}).decode()
     insert = (
         f"INSERT INTO event_rows SELECT {int(run_id)}::INTEGER, {exprs}, NULL, NULL, {row['args']}, "
-        f"'{extra}'::JSON, NULL, NULL {source} WHERE ({spec['reason']}) IS NULL"
+        f"'{extra}'::JSON, NULL, NULL {source} WHERE ({reason}) IS NULL"
     )
     counts = (
-        f"SELECT reason, detail, count(*) FROM (SELECT {spec['reason']} AS reason, {spec.get('detail', 'NULL')} "
+        f"SELECT reason, detail, count(*) FROM (SELECT {reason} AS reason, {spec.get('detail', 'NULL')} "
         f"AS detail {source}) WHERE reason IS NOT NULL GROUP BY ALL"
     )
     return insert, counts
@@ -484,6 +491,7 @@ def _read_ahead(database: Path, path: Path, wanted: dict, batch_rows: int, table
 
 def _load(src, duck, out: Export, database: Path, present: list[str], has_strings: bool, run_id: int, shift: int, multi: bool,
           batch_rows: int) -> None:  # fmt: skip
+    import duckdb
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -512,14 +520,19 @@ def _load(src, duck, out: Export, database: Path, present: list[str], has_string
     try:
         for table, n, _nsys_batch in _read_ahead(database, out.source, wanted, batch_rows, tables):  # noqa: B007
             insert, counts = statements[table]
-            duck.execute(insert)
+            try:
+                duck.execute(insert)
+            except duckdb.Error as e:  # a value the checks let through that the event columns cannot hold
+                raise InputError(out.source, f"table {table}", f"values the event columns hold ({e})") from None
             for reason, detail, k in duck.execute(counts).fetchall():
                 out.skipped[reason] += k
                 if reason == OTHER_CLASS:
                     classes[detail] = classes.get(detail, 0) + k
             out.read[table] += n
     finally:
-        duck.execute(f"SET threads = {int(threads)}")
+        # after a failed insert the transaction is aborted until ingest rolls it back: SET waits for that
+        with contextlib.suppress(duckdb.TransactionException):
+            duck.execute(f"SET threads = {int(threads)}")
     if classes:
         out.notes["runtime_other_event_classes"] = {str(k): v for k, v in sorted(classes.items())}
     out.notes["rows_read"] = dict(out.read)

@@ -11,13 +11,13 @@ the start of the capture, as nsys writes them.
 from __future__ import annotations
 
 import csv
-import io
 from pathlib import Path
 
 import orjson
 
 from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers.csv_records import records
 from tracekit.parsers.rows import Export
 
 FORMAT = "nsys_stats_csv"
@@ -38,14 +38,14 @@ def _int(value: str):
     value = (value or "").strip().replace(",", "")
     try:
         return int(float(value)) if value else None
-    except ValueError:
+    except (ValueError, OverflowError):  # text, NaN or infinite: no count
         return None
 
 
 def read(path: Path, **_) -> Export:
     path = Path(path)
     data = compression.read_bytes(path)
-    rows = list(csv.DictReader(io.StringIO(data.decode("utf-8", "replace"), newline=None)))
+    rows = records(path, data.decode("utf-8", "replace"), as_dicts=True)
     header = set(rows[0]) if rows else set(next(csv.reader([_header(data)]), []))
     out = Export(source=path, format=FORMAT, bytes_read=len(data))
     if {"Start (ns)", "End (ns)", "Name", "PID", "TID"} <= header:
@@ -61,6 +61,9 @@ def read(path: Path, **_) -> Export:
     known = {"Start (ns)", "End (ns)", "Duration (ns)", "Name", "PID", "TID", "CorrId", "Device", "Strm"}
     for line_no, r in enumerate(rows, start=2):
         out.read[report] += 1
+        if None in r:  # DictReader's key for the fields beyond the header's
+            out.skipped["row with more fields than the header"] += 1
+            continue
         start = _int(r.get("Start (ns)"))
         end = _int(r.get("End (ns)"))
         dur = _int(r.get("Duration (ns)")) if r.get("Duration (ns)") not in (None, "") else (

@@ -334,7 +334,8 @@ def _int(v) -> int | None:
         f = float(v)
     except (TypeError, ValueError):
         return None
-    return int(f) if math.isfinite(f) and f.is_integer() else None
+    # a count beyond 64 bits (1e30 tokens) is no length or partition count: not read as one
+    return int(f) if math.isfinite(f) and f.is_integer() and abs(f) < 2**63 else None
 
 
 def _float(v) -> float | None:

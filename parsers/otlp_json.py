@@ -56,15 +56,24 @@ def _value(v):
         except (TypeError, ValueError):
             return v["intValue"]
     if "arrayValue" in v:
-        return [_value(x) for x in (v["arrayValue"] or {}).get("values", [])]
+        return [_value(x) for x in _list(_object(v["arrayValue"]).get("values"))]
     if "kvlistValue" in v:
-        return _attrs((v["kvlistValue"] or {}).get("values", []))
+        return _attrs(_object(v["kvlistValue"]).get("values"))
     return None
+
+
+def _list(value) -> list:
+    """A repeated field of the request; one of another JSON type holds nothing."""
+    return value if isinstance(value, list) else []
+
+
+def _object(value) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def _attrs(items) -> dict:
     out = {}
-    for kv in items or []:
+    for kv in _list(items):
         if isinstance(kv, dict) and isinstance(kv.get("key"), str):
             out[kv["key"]] = _value(kv.get("value"))
     return out
@@ -110,14 +119,15 @@ def read(path: Path, **_) -> Export:
                 out.read["line"] += 1
                 out.skipped["resourceSpans item not an object"] += 1
                 continue
-            res = _attrs((rs.get("resource") or {}).get("attributes"))
+            res = _attrs(_object(rs.get("resource")).get("attributes"))
             service = str(res.get("service.name", "unknown_service"))
             pid = _nanos(res.get("process.pid"))
             pid = pid if pid is not None else _synthetic_pid(service)
             resources[f"{service}/{pid}"] = res
-            for ss in rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans") or []:
-                scope = (ss.get("scope") or ss.get("instrumentationLibrary") or {}) if isinstance(ss, dict) else {}
-                for span in (ss.get("spans") or []) if isinstance(ss, dict) else []:
+            for ss in _list(rs.get("scopeSpans") or rs.get("instrumentationLibrarySpans")):
+                ss = _object(ss)
+                scope = ss.get("scope") or ss.get("instrumentationLibrary") or {}
+                for span in _list(ss.get("spans")):
                     out.read["span"] += 1
                     row = _span(span, pid, service, scope, line_no, out)
                     if row:

@@ -98,6 +98,11 @@ def _pb():
     return perfetto_trace_pb2
 
 
+def _text(value):
+    """A string field as text: the protobuf runtime hands a proto2 string that is not UTF-8 back as bytes."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
 def _varint(buf, pos: int, end: int) -> tuple[int | None, int]:
     """(value, next position), or (None, pos) when the varint runs past `end`."""
     value = shift = 0
@@ -246,11 +251,11 @@ class _Sequence:
 
     def intern(self, d) -> None:
         for e in d.event_names:
-            self.names[e.iid] = e.name
+            self.names[e.iid] = _text(e.name)
         for e in d.event_categories:
-            self.cats[e.iid] = e.name
+            self.cats[e.iid] = _text(e.name)
         for e in d.debug_annotation_names:
-            self.ann_names[e.iid] = e.name
+            self.ann_names[e.iid] = _text(e.name)
         for e in d.debug_annotation_string_values:
             self.ann_strings[e.iid] = e.str.decode("utf-8", "replace")
         for e in d.source_locations:
@@ -627,12 +632,12 @@ class _Reader:
             t["parent"] = d.parent_uuid
         which = d.WhichOneof("static_or_dynamic_name")
         if which and getattr(d, which):
-            t["name"] = getattr(d, which)
+            t["name"] = _text(getattr(d, which))
         if d.HasField("thread"):
             th = d.thread
             t["thread"] = (th.pid, th.tid)
             if th.thread_name:
-                self.thread_names[(th.pid, th.tid)] = th.thread_name
+                self.thread_names[(th.pid, th.tid)] = _text(th.thread_name)
         if d.HasField("process"):
             t["pid"] = d.process.pid
             self._name_process(d.process.pid, d.process.process_name, d.process.cmdline)
@@ -645,6 +650,7 @@ class _Reader:
         return None
 
     def _name_process(self, pid: int, name: str, cmdline) -> None:
+        name, cmdline = _text(name), [_text(c) for c in cmdline]
         if not name and cmdline:  # Chrome writes the whole command line as cmdline[0]
             name = cmdline[0].split()[0].rsplit("/", 1)[-1] if cmdline[0].strip() else ""
         if name:
@@ -659,7 +665,7 @@ class _Reader:
         d = p.thread_descriptor
         seq.thread = (d.pid, d.tid)
         if d.thread_name:
-            self.thread_names[(d.pid, d.tid)] = d.thread_name
+            self.thread_names[(d.pid, d.tid)] = _text(d.thread_name)
         if d.HasField("reference_timestamp_us"):
             seq.legacy_us = d.reference_timestamp_us
         return None
@@ -670,7 +676,7 @@ class _Reader:
             self._name_process(proc.pid, "", proc.cmdline)
         for th in tree.threads:
             if th.name:
-                self.thread_names[(th.tgid or th.tid, th.tid)] = th.name
+                self.thread_names[(th.tgid or th.tid, th.tid)] = _text(th.name)
         return None
 
     # -- track events
@@ -727,7 +733,7 @@ class _Reader:
             return None
         which = e.WhichOneof("name_field")
         if which == "name":
-            name = e.name
+            name = _text(e.name)
         elif e.name_iid:
             name = seq.names.get(e.name_iid)
             if name is None:

@@ -51,31 +51,104 @@ class Reload(Exception):
     the one it ran in); the loader keeps what it learnt, and ingest rolls back and calls it again."""
 
 
+# |ts|, |dur| and |ts + dur| beyond this many ns (127 years) are no times of a trace, and a BIGINT holds
+# little more: such rows are skipped with a reason (as the Kineto reader skips its), not a failed file
+ABSURD_NS = 4 * 10**18
+_TYPES = {"ts_ns": 64, "dur_ns": 64, "pid": 64, "tid": 64, "device": 32, "stream": 64, "correlation": 64,
+          "external_id": 64}  # fmt: skip
+_INTS = [(i, 2 ** (_TYPES[name] - 1)) for i, name in enumerate(ROW_FIELDS) if name in _TYPES]  # (index, bound)
+_TEXTS = [i for i, name in enumerate(ROW_FIELDS) if name not in _TYPES]
+TIME_REASON = "time not in range (NaN, infinite, or beyond 127 years of ns)"
+ID_REASON = "id not an integer of its column's size"
+
+
 def load(con, export: Export, run_id: int, offset: int = 0) -> None:
     """Insert the export as run `run_id`: the loader's rows first, then `rows` through one Arrow table
-    (one statement, whatever the count), every timestamp shifted by `offset` ns."""
+    (one statement, whatever the count), every timestamp shifted by `offset` ns. Rows whose times or
+    ids their columns cannot hold are skipped with a reason."""
     if export.loader is not None:
         export.loader(con, run_id, offset)
     if not export.rows:
         return
-    import pyarrow as pa
-
     rows = export.rows
     if offset:
         rows = [r[:4] + (None if r[4] is None else r[4] + offset,) + r[5:] for r in rows]
-    types = {"ts_ns": pa.int64(), "dur_ns": pa.int64(), "pid": pa.int64(), "tid": pa.int64(),
-             "device": pa.int32(), "stream": pa.int64(), "correlation": pa.int64(), "external_id": pa.int64()}  # fmt: skip
-    try:  # the tuples straight into one struct array: twice as fast as transposing them in Python
-        struct = pa.struct([(name, types.get(name, pa.string())) for name in ROW_FIELDS])
-        _tracekit_rows = pa.Table.from_struct_array(pa.array(rows, type=struct))
-    except (TypeError, ValueError, pa.ArrowException):  # rows that are not plain tuples: column by column
-        columns = list(zip(*rows))
-        _tracekit_rows = pa.table(  # noqa: F841  (read by DuckDB's replacement scan of this frame's locals)
-            {name: pa.array(col, type=types.get(name, pa.string())) for name, col in zip(ROW_FIELDS, columns)}
-        )
+    _tracekit_rows = _arrow(rows)  # noqa: F841  (read by DuckDB's replacement scan of this frame's locals)
+    if _tracekit_rows is None or _absurd_times(_tracekit_rows):
+        _tracekit_rows = _arrow(_representable(rows, export.skipped))
     # a replacement scan, not con.register: register refuses while the caller's last result is open
     con.execute(
         "INSERT INTO event_rows SELECT ?::INTEGER, kind, ph, cat, name, ts_ns, dur_ns, pid, tid, track, device, "
         "stream, correlation, external_id, flow_id, args::JSON, extra::JSON, NULL, NULL FROM _tracekit_rows",
         [run_id],
     )
+
+
+def _arrow(rows: list):
+    """The rows as one Arrow table; None when a value does not fit its column (an integer beyond its
+    bits, a float where an id goes, text that is not UTF-8)."""
+    import pyarrow as pa
+
+    types = {name: pa.int64() if bits == 64 else pa.int32() for name, bits in _TYPES.items()}
+    try:  # the tuples straight into one struct array: twice as fast as transposing them in Python
+        struct = pa.struct([(name, types.get(name, pa.string())) for name in ROW_FIELDS])
+        return pa.Table.from_struct_array(pa.array(rows, type=struct))
+    except (TypeError, ValueError, OverflowError, pa.ArrowException):  # not plain tuples, or a value that does not fit
+        pass
+    try:
+        columns = list(zip(*rows)) if rows else [()] * len(ROW_FIELDS)
+        return pa.table(
+            {name: pa.array(col, type=types.get(name, pa.string())) for name, col in zip(ROW_FIELDS, columns)}
+        )
+    except (TypeError, ValueError, OverflowError, pa.ArrowException):
+        return None
+
+
+def _absurd_times(table) -> bool:
+    import pyarrow.compute as pc
+
+    ts, dur = (pc.cast(table[c], "float64", safe=False) for c in ("ts_ns", "dur_ns"))
+    extremes = [pc.max(pc.abs(x)).as_py() for x in (ts, dur, pc.add(ts, pc.fill_null(dur, 0.0)))]
+    return any(x is not None and x > ABSURD_NS for x in extremes)
+
+
+def _representable(rows: list, skipped: Counter) -> list:
+    """The rows whose times and ids their columns hold, text made valid UTF-8; the others counted in
+    `skipped` by reason."""
+    kept = []
+    for row in rows:
+        row = list(row)
+        for i, bound in _INTS:
+            row[i] = _integer(row[i], bound)
+        ts, dur = row[4], row[5]
+        if any(row[i] is _UNFIT for i, _ in _INTS):
+            skipped[ID_REASON if ts is not _UNFIT and dur is not _UNFIT else TIME_REASON] += 1
+        elif abs(ts or 0) > ABSURD_NS or abs(dur or 0) > ABSURD_NS or abs((ts or 0) + (dur or 0)) > ABSURD_NS:
+            skipped[TIME_REASON] += 1
+        else:
+            kept.append(tuple(_text(v) if i in _TEXTS else v for i, v in enumerate(row)))
+    return kept
+
+
+_UNFIT = object()
+
+
+def _integer(value, bound: int):
+    """`value` as an integer its column holds (an integral float becomes one), else _UNFIT."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if value is None or (type(value) is int and -bound <= value < bound):
+        return value
+    return _UNFIT
+
+
+def _text(value):
+    if value is None:
+        return None
+    if not isinstance(value, str):  # a reader passed through a value of the wrong JSON type
+        value = str(value)
+    try:
+        value.encode()
+    except UnicodeEncodeError:  # a lone surrogate a JSON decoder let through
+        return value.encode("utf-8", "replace").decode()
+    return value

@@ -26,6 +26,7 @@ Times are read as UTC and become epoch ns (second resolution; fractions kept whe
 from __future__ import annotations
 
 import calendar
+import math
 import re
 from pathlib import Path
 
@@ -106,7 +107,9 @@ def _fields(text: str) -> dict | None:
             return None
         key, value, unit = m.groups()
         number = 1.0 if value == "True" else 0.0 if value == "False" else float(value.replace(",", ""))
-        out[_slug(key, unit)] = int(number) if number.is_integer() and "." not in value else number
+        # a count beyond 64 bits stays a float: JSON args hold no wider integer
+        whole = number.is_integer() and "." not in value and abs(number) < 2**63
+        out[_slug(key, unit)] = int(number) if whole else number
     return out or None
 
 
@@ -255,9 +258,9 @@ def _request(body: str, ts: int, pid: int, line_no: int, received: dict):
     if "Finish: obj=" in body and (m := RID.search(body)):
         received.pop(m.group(1), None)
         texts = dict(META_NUM.findall(body))
-        meta = {k: float(v) for k, v in texts.items()}
+        meta = {k: number for k, v in texts.items() if (number := _finite(v)) is not None}
         args = {"rid": m.group(1), **{k: v for k, v in meta.items() if k != "request_received_ts"}}
-        start = texts.get("request_received_ts")
+        start = texts.get("request_received_ts") if "request_received_ts" in meta else None
         if start is not None and meta.get("e2e_latency") is not None:
             # the request's own epoch-second times are finer than the line's whole seconds
             begin = _seconds_text_ns(start)
@@ -270,6 +273,15 @@ def _request(body: str, ts: int, pid: int, line_no: int, received: dict):
         args = {"method": m.group(1), "path": m.group(2), "status": int(m.group(3))}
         return _row("instant", "i", "http.request", ts, None, pid, 0, args, line_no, track="serving/http")
     return None
+
+
+def _finite(text: str) -> float | None:
+    """A number as a request's metadata writes it; None for one that is not (1.2.3) or is infinite."""
+    try:
+        number = float(text)
+    except ValueError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _seconds_text_ns(text: str) -> int:

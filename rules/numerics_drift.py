@@ -153,9 +153,11 @@ def check(con, params, ctx):
 
 def _scatter(g) -> float:
     """Standard deviation of log(error) about the fitted power law."""
-    if g.exponent is None or len(g.errors) < 3:
+    # an infinite error (an overflow the check measured) leaves the fit without an intercept
+    if g.exponent is None or g.intercept is None or len(g.errors) < 3:
         return 0.0
-    residuals = [math.log(e) - (g.intercept + g.exponent * math.log(n)) for n, e in zip(g.seq_lens, g.errors) if e > 0]
+    residuals = [math.log(e) - (g.intercept + g.exponent * math.log(n)) for n, e in zip(g.seq_lens, g.errors)
+                 if 0 < e < math.inf]  # fmt: skip
     return math.sqrt(sum(r * r for r in residuals) / max(1, len(residuals) - 2))
 
 

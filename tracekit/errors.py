@@ -15,6 +15,8 @@ class InputError(TracekitError):
     """A trace file that cannot be read: names the file, the position and what was expected."""
 
     def __init__(self, path, position, expected):
+        # one line whatever the cause quoted (a decoder's message may hold the text it choked on)
+        expected = " ".join(str(expected).split())
         self.path, self.position, self.expected = str(path), position, expected
         super().__init__(f"{self.path}: {position}: {expected}")
 

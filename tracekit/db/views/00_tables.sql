@@ -110,8 +110,9 @@ CREATE TABLE IF NOT EXISTS ingest_log (
     events_skipped BIGINT,
     -- JSON object reason -> count: `missing ph`, `missing ts`, `complete event without dur`,
     -- `negative dur`, `not a JSON object`, `ts not a finite time in range`, `dur not a finite
-    -- duration in range` (NaN, Infinity, or beyond 127 years of microseconds), and the
-    -- format-specific reasons below
+    -- duration in range` (NaN, Infinity, or beyond 127 years of microseconds); in every other
+    -- format `time not in range (NaN, infinite, or beyond 127 years of ns)` and `id not an integer
+    -- of its column's size`; and the format-specific reasons below
     skipped_reasons JSON,
     -- JSON: the clock used, event keys outside the Trace Event Format kept in `events.extra`,
     -- `content_digest` (the file's sha256, or for a file over 16 MiB a sha256 of its size, ends and
