@@ -157,3 +157,73 @@ SELECT d.run_id, r.rank, r.world_size, d.collective, d.process_group, d.process_
        row_number() OVER (PARTITION BY d.run_id, d.process_group
                           ORDER BY coalesce(d.gpu_ts_ns, d.op_ts_ns), d.kernel_event_id, d.op_event_id)
 FROM described d JOIN runs r USING (run_id);
+
+-- Each rank's arrival at each collective it shares with the other ranks of its job, on one clock.
+-- A collective instance is (process group, `seq`, collective name) across the runs that have a rank
+-- (the ranks of one job; a rank that more than one run holds, as when two jobs' traces share a
+-- database, takes no part). Its span on a rank is its kernel's on the GPU, else its op's or gloo
+-- range's on the host; `wait` ops are left out (they end when the host looks, not when the peers
+-- meet). A collective ends on every rank at about the same moment, since no rank leaves before the
+-- last one arrived, so each run's clock offset is the median over its collectives of its end minus
+-- that collective's median end over the ranks: offsets come from the collectives themselves, not
+-- from wall clocks, good to the spread of the ends (`end_spread_ns`). The rank that arrives last
+-- waits least; `wait_ns` is how long a rank sat in the collective before the last one arrived.
+CREATE OR REPLACE VIEW collective_arrivals(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- the process group (`collectives.process_group`)
+    process_group,
+    -- the collective's number within its group (`collectives.seq`)
+    seq,
+    -- its name
+    collective,
+    -- its start on this rank, on the rank's own clock
+    start_ns,
+    -- its end on this rank, on the rank's own clock
+    end_ns,
+    -- what is subtracted from this rank's times to put them on the job's common clock
+    clock_offset_ns,
+    -- start_ns on the common clock
+    aligned_start_ns,
+    -- end_ns on the common clock
+    aligned_end_ns,
+    -- how many ranks hold this collective
+    ranks,
+    -- the rank that arrived last (latest aligned start)
+    last_rank,
+    -- how much later than the first rank this rank arrived
+    arrival_lag_ns,
+    -- how long this rank was in the collective before the last rank arrived: its wait for the others
+    wait_ns,
+    -- the spread of the aligned ends over the ranks: how far the alignment can be trusted here
+    end_spread_ns
+) AS
+WITH ranked AS (
+    SELECT run_id FROM runs WHERE rank IS NOT NULL QUALIFY count(*) OVER (PARTITION BY rank) = 1
+), spans AS (
+    SELECT c.run_id, c.rank, c.process_group, c.seq, c.collective,
+           coalesce(c.gpu_ts_ns, c.op_ts_ns) AS start_ns, coalesce(c.gpu_end_ns, c.op_end_ns) AS end_ns
+    FROM collectives c JOIN ranked USING (run_id)
+    WHERE c.collective IS DISTINCT FROM 'wait'
+      AND coalesce(c.gpu_ts_ns, c.op_ts_ns) IS NOT NULL AND coalesce(c.gpu_end_ns, c.op_end_ns) IS NOT NULL
+), shared AS (
+    SELECT *, count(*) OVER w AS ranks, median(end_ns) OVER w AS median_end
+    FROM spans WINDOW w AS (PARTITION BY process_group, seq, collective)
+), offsets AS (
+    SELECT run_id, CAST(median(end_ns - median_end) AS BIGINT) AS clock_offset_ns
+    FROM shared WHERE ranks > 1 GROUP BY run_id
+), aligned AS (
+    SELECT s.run_id, s.rank, s.process_group, s.seq, s.collective, s.start_ns, s.end_ns, o.clock_offset_ns,
+           s.start_ns - o.clock_offset_ns AS aligned_start_ns, s.end_ns - o.clock_offset_ns AS aligned_end_ns, s.ranks
+    FROM shared s JOIN offsets o USING (run_id)
+    WHERE s.ranks > 1
+)
+SELECT *,
+       arg_max(rank, aligned_start_ns) OVER w,
+       aligned_start_ns - min(aligned_start_ns) OVER w,
+       greatest(least(max(aligned_start_ns) OVER w, aligned_end_ns) - aligned_start_ns, 0),
+       max(aligned_end_ns) OVER w - min(aligned_end_ns) OVER w
+FROM aligned
+WINDOW w AS (PARTITION BY process_group, seq, collective);
