@@ -13,6 +13,10 @@ holds STEPS `ProfilerStep#N` steps, after WARMUP unprofiled steps). A step, on e
   optimizer    SGD with momentum (`Optimizer.step#SGD.step`)
   metrics_sync an all_gather of each rank's loss
 
+Each rank's main thread moves to another rank's pair of cores every step, so that over the STEPS
+(= WORLD) profiled steps each rank computes once on every pair: the cores of the virtual machine
+this ran on differ in speed by up to a third, for seconds at a time.
+
 Since each collective blocks until every rank has joined it, the other ranks wait inside the
 all-reduce for a rank that arrives late; that rank itself waits least. The cells differ in one
 rank only:
@@ -56,7 +60,7 @@ WORLD = 8
 CORES_PER_RANK = 2
 STEPS = 8
 WARMUP = 3
-WIDTH, DEPTH, BATCH = 512, 4, 256
+WIDTH, DEPTH, BATCH = 256, 4, 1024  # compute well above the gloo all-reduce of 1 MB of gradients
 EXTRA_OP = "extra_compute"
 
 CELLS = [
@@ -114,8 +118,10 @@ def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) ->
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     cores = sorted(os.sched_getaffinity(0))
-    if len(cores) >= WORLD * CORES_PER_RANK:  # pinned, the ranks do not steal each other's cores
-        os.sched_setaffinity(0, cores[rank * CORES_PER_RANK : (rank + 1) * CORES_PER_RANK])
+    slots = [cores[i * CORES_PER_RANK : (i + 1) * CORES_PER_RANK] for i in range(WORLD)]
+    pinned = len(cores) >= WORLD * CORES_PER_RANK
+    if pinned:  # the ranks do not steal each other's cores; gloo's threads, started later, stay here
+        os.sched_setaffinity(0, slots[rank])
     torch.set_num_threads(1)
     torch.set_num_interop_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -157,7 +163,17 @@ def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) ->
             loss.backward()
         return loss
 
+    steps_run = 0
+
     def train_step(record: bool) -> None:
+        nonlocal steps_run
+        if pinned:
+            # The cores of a virtual machine run at speeds that differ by up to a third for seconds
+            # at a time (their host's other work): a rank kept on one slow core would be a straggler
+            # nobody injected. The main thread moves to the next rank's cores every step, so over
+            # any WORLD consecutive steps each rank computes once on every core pair.
+            os.sched_setaffinity(0, slots[(rank + steps_run) % WORLD])
+        steps_run += 1
         start = time.perf_counter()
         if delay_s:
             time.sleep(delay_s)  # no op around it: the rank simply starts its step late
@@ -185,15 +201,17 @@ def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) ->
         train_step(record=False)
     calibration = {}
     if slow and cell["kind"] == "slow_compute":
-        # size the extra matmul on this rank's own clock: share x its forward+backward time
+        # size the extra matmul on this rank's own clock: share x its forward+backward time, timed
+        # under the profiler, whose cost per op weighs on the many small ops and not on one matmul
         x, y = next(loader)
-        fb_ms = _median_ms(lambda: forward_backward(x, y))
-        probe = torch.randn(WIDTH, WIDTH)
-        probe_ms = _median_ms(lambda: torch.mm(x, probe))
-        columns = max(1, round(WIDTH * cell["extra_compute_share"] * fb_ms / probe_ms))
-        extra = torch.randn(WIDTH, columns)
-        calibration = dict(forward_backward_ms=round(fb_ms, 3), extra_columns=columns,
-                           extra_ms=round(_median_ms(lambda: torch.mm(x, extra)), 3))  # fmt: skip
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True):
+            fb_ms = _median_ms(lambda: forward_backward(x, y))
+            probe = torch.randn(WIDTH, WIDTH)
+            probe_ms = _median_ms(lambda: torch.mm(x, probe))
+            columns = max(1, round(WIDTH * cell["extra_compute_share"] * fb_ms / probe_ms))
+            extra = torch.randn(WIDTH, columns)
+            extra_ms = _median_ms(lambda: torch.mm(x, extra))
+        calibration = dict(forward_backward_ms=round(fb_ms, 3), extra_columns=columns, extra_ms=round(extra_ms, 3))
     dist.barrier()
 
     path = Path(out_dir) / f"rank{rank}.json.gz"
@@ -278,7 +296,8 @@ def main() -> None:
             command=command_string(sys.argv),
             torch_version=torch.__version__,
             python_version=platform.python_version(),
-            device=f"CPU only: {cpu_name()}, {os.cpu_count()} cores; {WORLD} ranks of {CORES_PER_RANK} cores, "
+            device=f"CPU only: {cpu_name()}, {os.cpu_count()} cores; {WORLD} ranks of {CORES_PER_RANK} cores "
+            "(the main thread moves to the next rank's cores each step), "
             f"torch.set_num_threads(1), OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}",
             backend="gloo over loopback TCP, one host",
             date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -288,7 +307,7 @@ def main() -> None:
             batch=BATCH,
             gradient_buckets=2,
             collectives_per_step=["all_reduce (bucket 0)", "all_reduce (bucket 1)", "all_gather (loss)"],
-            profiler="CPU activities, record_shapes, schedule(wait=1, warmup=1, active=STEPS, repeat=1)",
+            profiler=f"CPU activities, record_shapes, schedule(wait=1, warmup=1, active={STEPS}, repeat=1)",
             warmup_steps_unprofiled=WARMUP,
             extra_op=EXTRA_OP,
         ),
