@@ -13,9 +13,9 @@ holds STEPS `ProfilerStep#N` steps, after WARMUP unprofiled steps). A step, on e
   optimizer    SGD with momentum (`Optimizer.step#SGD.step`)
   metrics_sync an all_gather of each rank's loss
 
-Each rank's main thread moves to another rank's pair of cores every step, so that over the STEPS
-(= WORLD) profiled steps each rank computes once on every pair: the cores of the virtual machine
-this ran on differ in speed by up to a third, for seconds at a time.
+Each rank's main thread moves to another rank's pair of cores every step, so that in every WORLD
+consecutive steps each rank computes once on every pair: the cores of the virtual machine this ran
+on differ in speed by up to a third, for seconds at a time.
 
 Since each collective blocks until every rank has joined it, the other ranks wait inside the
 all-reduce for a rank that arrives late; that rank itself waits least. The cells differ in one
@@ -43,7 +43,6 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,13 +51,13 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-from make_sample_traces import command_string, cpu_name, export_gz
+from make_sample_traces import cpu_name, export_gz
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "data" / "rank_matrix"
 WORLD = 8
 CORES_PER_RANK = 2
-STEPS = 8
+STEPS = 16  # two rounds of the core rotation (see train_step)
 WARMUP = 3
 WIDTH, DEPTH, BATCH = 256, 4, 1024  # compute well above the gloo all-reduce of 1 MB of gradients
 EXTRA_OP = "extra_compute"
@@ -143,8 +142,17 @@ def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) ->
         if acc >= half:
             split = i + 1
             break
-    buckets = [ordered[:split], ordered[split:]]
-    optimizer = torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    buckets = []
+    for bucket in (ordered[:split], ordered[split:]):
+        # the gradients are views into their bucket, as DDP's gradient_as_bucket_view makes them:
+        # backward accumulates into the bucket, which is all-reduced in place
+        flat = torch.zeros(sum(p.numel() for p in bucket))
+        offset = 0
+        for p in bucket:
+            p.grad = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        buckets.append(flat)
+    optimizer = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
     host_ms = cell.get("host_ms", 0.0) if slow else 0.0
     loader = iter(torch.utils.data.DataLoader(SyntheticBatches(torch, host_ms), batch_size=None))
     delay_s = cell.get("delay_ms", 0.0) / 1e3 if slow else 0.0
@@ -153,7 +161,8 @@ def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) ->
     timings = {"step_ms": [], "grad_sync_ms": []}
 
     def forward_backward(x, y):
-        optimizer.zero_grad(set_to_none=True)
+        for flat in buckets:
+            flat.zero_()
         with record_function("forward"):
             loss = torch.nn.functional.mse_loss(model(x), y)
             if extra is not None:
@@ -181,14 +190,9 @@ def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) ->
         loss = forward_backward(x, y)
         sync_start = time.perf_counter()
         with record_function("grad_sync"):
-            for bucket in buckets:
-                flat = torch.cat([p.grad.flatten() for p in bucket])
+            for flat in buckets:
                 dist.all_reduce(flat)
                 flat.div_(WORLD)
-                offset = 0
-                for p in bucket:
-                    p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
-                    offset += p.numel()
         sync_end = time.perf_counter()
         optimizer.step()
         with record_function("metrics_sync"):
@@ -270,8 +274,8 @@ def main() -> None:
     parser.add_argument("--cells", default=",".join(c["name"] for c in CELLS), help="comma-separated cell names")
     parser.add_argument("--port", type=int, default=29611)
     args = parser.parse_args()
-    chosen = args.cells.split(",")
-    unknown = set(chosen) - {c["name"] for c in CELLS}
+    chosen, every = args.cells.split(","), [c["name"] for c in CELLS]
+    unknown = set(chosen) - set(every)
     if unknown:
         parser.error(f"unknown cells: {', '.join(sorted(unknown))}")
 
@@ -293,7 +297,9 @@ def main() -> None:
     cells_path = args.out_dir / "cells.json"
     document = dict(
         provenance=dict(
-            command=command_string(sys.argv),
+            command=" ".join(
+                ["python3", "scripts/make_rank_matrix.py"] + ([f"--cells {args.cells}"] if chosen != every else [])
+            ),
             torch_version=torch.__version__,
             python_version=platform.python_version(),
             device=f"CPU only: {cpu_name()}, {os.cpu_count()} cores; {WORLD} ranks of {CORES_PER_RANK} cores "
