@@ -146,7 +146,11 @@ def _read(con, path: Path, database: Path, batch_rows: int) -> Export:
     base = 0
     if "TARGET_INFO_SESSION_START_TIME" in tables and "utcEpochNs" in _columns(con, "TARGET_INFO_SESSION_START_TIME"):
         row = con.execute("SELECT utcEpochNs FROM TARGET_INFO_SESSION_START_TIME LIMIT 1").fetchone()
-        base = int(row[0]) if row and row[0] is not None else 0
+        try:
+            base = int(row[0]) if row and row[0] is not None else 0
+        except (TypeError, ValueError):  # a session start that is no number: the times stay relative
+            base = 0
+            out.notes["session_start"] = f"utcEpochNs is not an integer ({str(row[0])[:40]!r}): times left relative"
     out.notes["clock"] = (
         "epoch ns = TARGET_INFO_SESSION_START_TIME.utcEpochNs + nsys ns"
         if base
@@ -169,7 +173,8 @@ def _read(con, path: Path, database: Path, batch_rows: int) -> Export:
     pids = set()
     for t, col in ((RUNTIME, "globalTid"), (KERNEL, "globalPid"), (MEMCPY, "globalPid"), (MEMSET, "globalPid")):
         if t in tables and col in _columns(con, t):
-            pids |= {_pid(r[0]) for r in con.execute(f'SELECT DISTINCT "{col}" FROM "{t}"') if r[0] is not None}
+            # a value that is no integer (text, a blob) is the rows' problem, reported where they are read
+            pids |= {_pid(r[0]) for r in con.execute(f'SELECT DISTINCT "{col}" FROM "{t}"') if type(r[0]) is int}
     multi = len(pids) > 1
     out.notes["processes"] = sorted(pids)
     if multi:

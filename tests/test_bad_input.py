@@ -309,6 +309,30 @@ def test_nsys_times_that_overflow_once_shifted_are_skipped(tmp_path):
     assert _reasons(con)[rows.TIME_REASON] == 1
 
 
+@pytest.mark.parametrize("rows", ["rowid = (SELECT min(rowid) FROM CUPTI_ACTIVITY_KIND_RUNTIME)", "TRUE"])
+def test_nsys_thread_ids_that_are_blobs_do_not_crash(tmp_path, rows):
+    """A blob where globalTid goes once ended in a TypeError while the reader counted processes."""
+    path = _nsys_copy(tmp_path, f"UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET globalTid = X'00ff' WHERE {rows}")
+    con = db.connect(None)
+    try:
+        [result] = ingest(con, [path])
+    except InputError as e:  # the rows' reader names the table and what it expected
+        assert "CUPTI_ACTIVITY_KIND_RUNTIME" in str(e) and "\n" not in str(e)
+        return
+    held = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
+    assert result.events_read == result.events_ingested + result.events_skipped and held == result.events_ingested
+
+
+def test_an_nsys_session_start_that_is_no_number_leaves_the_times_relative(tmp_path):
+    plain = ingest(db.connect(None), [corpus("pipit__saxpy-mpi-cuda_nsys_perlmutter0.sqlite")])[0]
+    path = _nsys_copy(tmp_path, "UPDATE TARGET_INFO_SESSION_START_TIME SET utcEpochNs = ''")
+    con = db.connect(None)
+    [result] = ingest(con, [path])
+    assert (result.events_ingested, result.skipped_reasons) == (plain.events_ingested, plain.skipped_reasons)
+    notes = con.execute("SELECT notes->>'session_start', notes->>'clock' FROM ingest_log").fetchone()
+    assert "not an integer" in notes[0] and notes[1].startswith("ns relative")
+
+
 def test_an_input_error_is_one_line_whatever_its_cause_quotes(tmp_path):
     path = _nsys_copy(tmp_path, "UPDATE StringIds SET value = CAST(X'66ff0a0a6f' AS TEXT) "
                       "WHERE id = (SELECT min(id) FROM StringIds)")  # fmt: skip
