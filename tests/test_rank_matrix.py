@@ -59,6 +59,11 @@ def _per_rank(con) -> dict[int, dict[str, float]]:
     return {rank: {"compute": c, "allreduce": a} for rank, c, a in con.execute(PER_RANK).fetchall()}
 
 
+def _by_rank(con, sql: str, params: list | None = None) -> dict[int, float]:
+    """rank -> value, from a query whose rows are (rank, value)."""
+    return dict(con.execute(sql, params or []).fetchall())
+
+
 def _excess(per_rank: dict, rank: int, key: str) -> float:
     """How far `rank` lies above (or below) the median of the other ranks, as a share of it."""
     others = statistics.median(v[key] for r, v in per_rank.items() if r != rank)
@@ -152,12 +157,11 @@ def test_the_slow_rank_computes_more_by_about_the_injected_share(cell, loaded):
 @pytest.mark.parametrize("cell", _slow_cells("slow_host"), ids=_ids(_slow_cells("slow_host")))
 def test_the_slow_host_rank_spends_its_time_in_the_data_loader(cell, loaded):
     con = _con(loaded, cell)
-    loading = dict(
-        con.execute(
-            "SELECT r.rank, median(e.dur_ns) / 1e6 FROM events e JOIN runs r USING (run_id) "
-            "WHERE e.kind = 'user_annotation' AND e.name LIKE ? GROUP BY 1",
-            [DATA_LOADER],
-        ).fetchall()
+    loading = _by_rank(
+        con,
+        "SELECT r.rank, median(e.dur_ns) / 1e6 FROM events e JOIN runs r USING (run_id) "
+        "WHERE e.kind = 'user_annotation' AND e.name LIKE ? GROUP BY 1",
+        [DATA_LOADER],
     )
     host_ms, slow = cell["injected"]["host_ms"], cell["slow_rank"]
     assert host_ms <= loading[slow] < 1.2 * host_ms
@@ -168,14 +172,13 @@ def test_the_slow_host_rank_spends_its_time_in_the_data_loader(cell, loaded):
 @pytest.mark.parametrize("cell", _slow_cells("late_start"), ids=_ids(_slow_cells("late_start")))
 def test_the_late_rank_starts_each_step_with_a_gap_outside_any_op(cell, loaded):
     con = _con(loaded, cell)
-    first = dict(
-        con.execute(
-            "SELECT r.rank, min(first_ns) / 1e6 FROM ("
-            "  SELECT s.run_id, min(e.ts_ns - s.start_ns) AS first_ns FROM steps s"
-            "  JOIN events e ON e.run_id = s.run_id AND e.tid = s.tid AND e.ts_ns > s.start_ns AND e.ts_ns < s.end_ns"
-            "  GROUP BY s.run_id, s.step_index"
-            ") JOIN runs r USING (run_id) GROUP BY 1"
-        ).fetchall()
+    first = _by_rank(
+        con,
+        "SELECT r.rank, min(first_ns) / 1e6 FROM ("
+        "  SELECT s.run_id, min(e.ts_ns - s.start_ns) AS first_ns FROM steps s"
+        "  JOIN events e ON e.run_id = s.run_id AND e.tid = s.tid AND e.ts_ns > s.start_ns AND e.ts_ns < s.end_ns"
+        "  GROUP BY s.run_id, s.step_index"
+        ") JOIN runs r USING (run_id) GROUP BY 1",
     )
     delay_ms, slow = cell["injected"]["delay_ms"], cell["slow_rank"]
     # the earliest event after the step's start, in every step: after the delay on the late rank

@@ -1,8 +1,7 @@
 """Errors that reach the user as one line and an exit code, never as a traceback."""
 
+import errno as errnos
 import os
-import re
-import shutil
 
 
 class TracekitError(Exception):
@@ -21,21 +20,27 @@ class InputError(TracekitError):
         super().__init__(f"{self.path}: {position}: {expected}")
 
 
-# errno values of a write that found no room: a full device, a user's quota, a file-size limit
-_NO_ROOM_ERRNOS = {28: "no space left on the device", 122: "disk quota exceeded", 27: "file size limit reached"}
-_NO_ROOM_TEXT = {"No space left on device": 28, "Disk quota exceeded": 122, "File too large": 27}
+# a write that found no room: a full device, a user's quota, a file-size limit (what the error says,
+# and how DuckDB quotes the OS's message)
+_NO_ROOM_ERRNOS = {errnos.ENOSPC: "no space left on the device", errnos.EDQUOT: "disk quota exceeded",
+                   errnos.EFBIG: "file size limit reached"}  # fmt: skip
+_NO_ROOM_TEXT = {"No space left on device": errnos.ENOSPC, "Disk quota exceeded": errnos.EDQUOT,
+                 "File too large": errnos.EFBIG}  # fmt: skip
 
 
 def out_of_space(exc: BaseException, default_path: str | None = None, needs: dict[str, int] | None = None):
     """The one-line TracekitError for an exception that says a write found no room (an OSError, or a
     DuckDB error quoting one), naming the path, the space free there and the space needed (`needs`:
     folder or file -> bytes a write under it needs); None for any other exception."""
-    errno = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
+    import re  # here, not at the top: the CLI imports this module at start-up
+    import shutil
+
+    code = getattr(exc, "errno", None) if isinstance(exc, OSError) else None
     path = getattr(exc, "filename", None) if isinstance(exc, OSError) else None
-    if errno not in _NO_ROOM_ERRNOS:
+    if code not in _NO_ROOM_ERRNOS:
         text = str(exc)
-        errno = next((code for phrase, code in _NO_ROOM_TEXT.items() if phrase in text), None)
-        if errno is None:
+        code = next((c for phrase, c in _NO_ROOM_TEXT.items() if phrase in text), None)
+        if code is None:
             return None
         quoted = re.search(r'file "([^"]+)"', text)
         path = quoted.group(1) if quoted else None
@@ -51,7 +56,7 @@ def out_of_space(exc: BaseException, default_path: str | None = None, needs: dic
     need = (needs or {})[max(places, key=len)] if places else None  # the file itself before its folder
     needed = f"; this needs about {need / 1e6:.0f} MB" if need else ""
     return TracekitError(
-        f"{path}: {_NO_ROOM_ERRNOS[errno]} ({free}{needed}): free space, or write the database (--db) or "
+        f"{path}: {_NO_ROOM_ERRNOS[code]} ({free}{needed}): free space, or write the database (--db) or "
         "temporary files (TMPDIR) elsewhere"
     )
 

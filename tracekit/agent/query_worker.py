@@ -37,6 +37,7 @@ class WorkerLost(Exception):
 
 class Worker:
     def __init__(self, memory_mb: int):
+        self.peak_rss_mb = 0  # read just before a kill, when the worker cannot answer with its own
         self.process = subprocess.Popen(
             [sys.executable, "-m", __name__, str(memory_mb)],
             stdin=subprocess.PIPE,
@@ -71,7 +72,7 @@ class Worker:
             raise WorkerLost(f"the query worker died ({self._exit()})") from None
 
     def kill(self) -> None:
-        self.peak_rss_mb = max(getattr(self, "peak_rss_mb", 0), _peak_rss_mb(self.process.pid))
+        self.peak_rss_mb = max(self.peak_rss_mb, _peak_rss_mb(self.process.pid))
         self.process.kill()
         self.process.wait()
 
@@ -98,7 +99,7 @@ class Pool:
             answer = worker.ask(job, deadline_s)
         except BaseException:
             worker.kill()  # lost, or left mid-frame: never given back
-            self.peak_rss_mb = max(self.peak_rss_mb, getattr(worker, "peak_rss_mb", 0))
+            self.peak_rss_mb = max(self.peak_rss_mb, worker.peak_rss_mb)
             raise
         self.peak_rss_mb = max(self.peak_rss_mb, answer.get("peak_rss_mb", 0))
         if answer.get("retire"):

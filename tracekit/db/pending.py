@@ -44,9 +44,9 @@ def begin(con, source: str, count: int = 1) -> list[int]:
     any of their rows."""
     from datetime import datetime, timezone
 
-    run_ids = take_run_ids(con, count)
+    run_ids, database = take_run_ids(con, count), _file(con)
     with _LIVE_LOCK:
-        _LIVE.update((_file(con), r) for r in run_ids)
+        _LIVE.update((database, r) for r in run_ids)
     now = datetime.now(timezone.utc).replace(tzinfo=None)
     con.executemany("INSERT INTO ingest_pending VALUES (?, ?, ?, ?)", [[r, os.getpid(), source, now] for r in run_ids])
     return run_ids
@@ -59,16 +59,18 @@ def finish(con, run_ids: list[int]) -> None:
 
 def forget(con, run_ids: list[int]) -> None:
     """The ingest of these runs has ended, committed or rolled back."""
+    database = _file(con)
     with _LIVE_LOCK:
-        _LIVE.difference_update((_file(con), r) for r in run_ids)
+        _LIVE.difference_update((database, r) for r in run_ids)
 
 
 def remove_leftovers(con, tables: list[str]) -> list[str]:
     """Delete every row of the runs an ingest began and did not finish: run ids in `ingest_pending`,
     or with rows in `tables` but no `runs` row, that this process is not ingesting now. Returns one
     line per removed run, also written to stderr."""
+    database = _file(con)
     with _LIVE_LOCK:
-        live = sorted(r for f, r in _LIVE if f == _file(con))
+        live = sorted(r for f, r in _LIVE if f == database)
     held = [t for t in tables if t != "runs"]
     if "ingest_pending" not in held:
         return []
@@ -109,7 +111,7 @@ def remove_leftovers(con, tables: list[str]) -> list[str]:
     for run_id in ids:
         pid, source, at = began.get(run_id, (None, None, None))
         what = f"begun {at:%Y-%m-%d %H:%M:%S} UTC by process {pid} for {source}" if source else "with no runs row"
-        lines.append(f"tracekit: {_file(con) or 'database'}: removed the {int(rows.get(run_id, 0))} rows of run {run_id}, {what}, "
+        lines.append(f"tracekit: {database or 'database'}: removed the {int(rows.get(run_id, 0))} rows of run {run_id}, {what}, "
                      "which did not finish (killed or failed)")  # fmt: skip
     for line in lines:
         print(line, file=sys.stderr)
@@ -125,9 +127,10 @@ def report_leftovers(con) -> list[str]:
         rows = con.execute("SELECT run_id, source FROM ingest_pending ORDER BY run_id").fetchall()
     except duckdb.CatalogException:  # written before ingest_pending existed
         return []
+    database = _file(con)
     with _LIVE_LOCK:
-        rows = [(r, source) for r, source in rows if (_file(con), r) not in _LIVE]
-    lines = [f"tracekit: {_file(con)}: run {r} is an ingest of {source} that did not finish (killed or failed); "
+        rows = [(r, source) for r, source in rows if (database, r) not in _LIVE]
+    lines = [f"tracekit: {database}: run {r} is an ingest of {source} that did not finish (killed or failed); "
              "its rows are still here until tracekit opens the database for writing (tracekit ingest or analyze)"
              for r, source in rows]  # fmt: skip
     for line in lines:
