@@ -44,7 +44,7 @@ def begin(con, source: str, count: int = 1) -> list[int]:
     any of their rows."""
     from datetime import datetime, timezone
 
-    run_ids, database = take_run_ids(con, count), _file(con)
+    run_ids, database = take_run_ids(con, count), database_file(con)
     with _LIVE_LOCK:
         _LIVE.update((database, r) for r in run_ids)
     now = datetime.now(timezone.utc).replace(tzinfo=None)
@@ -59,7 +59,7 @@ def finish(con, run_ids: list[int]) -> None:
 
 def forget(con, run_ids: list[int]) -> None:
     """The ingest of these runs has ended, committed or rolled back."""
-    database = _file(con)
+    database = database_file(con)
     with _LIVE_LOCK:
         _LIVE.difference_update((database, r) for r in run_ids)
 
@@ -68,7 +68,7 @@ def remove_leftovers(con, tables: list[str]) -> list[str]:
     """Delete every row of the runs an ingest began and did not finish: run ids in `ingest_pending`,
     or with rows in `tables` but no `runs` row, that this process is not ingesting now. Returns one
     line per removed run, also written to stderr."""
-    database = _file(con)
+    database = database_file(con)
     with _LIVE_LOCK:
         live = sorted(r for f, r in _LIVE if f == database)
     held = [t for t in tables if t != "runs"]
@@ -127,7 +127,7 @@ def report_leftovers(con) -> list[str]:
         rows = con.execute("SELECT run_id, source FROM ingest_pending ORDER BY run_id").fetchall()
     except duckdb.CatalogException:  # written before ingest_pending existed
         return []
-    database = _file(con)
+    database = database_file(con)
     with _LIVE_LOCK:
         rows = [(r, source) for r, source in rows if (database, r) not in _LIVE]
     lines = [f"tracekit: {database}: run {r} is an ingest of {source} that did not finish (killed or failed); "
@@ -145,6 +145,7 @@ def _max_run_id(con) -> int:
     return con.execute(f"SELECT coalesce(max(m), 0) FROM ({union})").fetchone()[0]
 
 
-def _file(con) -> str:
+def database_file(con) -> str:
+    """The path of the connection's database file; '' for an in-memory one."""
     row = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
     return (row[0] if row else None) or ""

@@ -86,13 +86,13 @@ def ingest(
     """
     tempfiles.sweep(tmpdir)  # what killed ingests staged
     # asked now: a write that finds the disk full invalidates the connection
-    database = con.execute("SELECT path FROM duckdb_databases() WHERE database_name = current_database()").fetchone()
+    database = pending.database_file(con)
     try:
         return _ingest(con, [Path(p) for p in paths], rank, labels, tmpdir, progress, align, metrics, offsets,
                        same_content, duplicates)  # fmt: skip
     except Exception as e:
         temporary = tmpdir or tempfile.gettempdir()
-        full = out_of_space(e, temporary, _room_needed(paths, temporary, database[0] if database else None))
+        full = out_of_space(e, temporary, _room_needed(paths, temporary, database))
         if full is None:
             raise
         raise full from None
