@@ -46,16 +46,17 @@ EVIDENCE_SQL = (
     "FROM (" + PER_KERNEL_SQL + ") per_kernel"
 )
 
-# The communication kernels of the given runs, numbered per process group in the view's order:
-# the n-th kernel of a group on one rank is the n-th on every other rank.
+# The communication kernels of the job's ranks (`job_collectives`: this database's ranks and, in a
+# cluster worker, the peers' calls it was sent), numbered per process group in seq order: the n-th
+# kernel of a group on one rank is the n-th on every other rank.
 NUMBERED_SQL = """
-SELECT run_id, rank, process_group AS pg, device, kernel_event_id AS event_id, gpu_ts_ns AS ts_ns,
-       gpu_end_ns AS end_ns, gpu_dur_ns AS dur_ns,
+SELECT run_id, rank, process_group AS pg, device, event_id, start_ns AS ts_ns, end_ns, dur_ns,
        row_number() OVER (PARTITION BY run_id, process_group ORDER BY seq) AS n
-FROM collectives WHERE kernel_event_id IS NOT NULL AND list_contains($run_ids, run_id)
+FROM job_collectives WHERE on_device AND list_contains($run_ids, run_id)
 """
 
-# Each kernel against the same collective on the other ranks: a peer starting later means this rank waits.
+# Each kernel of this database's runs against the same collective on the other ranks: a peer
+# starting later means this rank waits.
 CROSS_RANK_SQL = f"""
 WITH c AS ({NUMBERED_SQL})
 SELECT a.run_id, a.event_id, a.ts_ns, a.dur_ns,
@@ -63,8 +64,12 @@ SELECT a.run_id, a.event_id, a.ts_ns, a.dur_ns,
        arg_max(b.rank, b.ts_ns) AS latest_peer_rank,
        greatest(max(b.ts_ns), a.ts_ns) <= least(min(b.end_ns), a.end_ns) AS overlaps_peers
 FROM c a JOIN c b ON a.pg = b.pg AND a.n = b.n AND a.run_id <> b.run_id
+WHERE list_contains($own_run_ids, a.run_id)
 GROUP BY a.run_id, a.event_id, a.ts_ns, a.end_ns, a.dur_ns
 """
+
+# The job's ranked runs with communication kernels: (run, rank, world size), this database's and the peers'.
+MEMBERS_SQL = "SELECT DISTINCT run_id, rank, world_size FROM job_collectives WHERE on_device ORDER BY run_id"
 
 # The launch call and the host events around it on its thread (cpu ops and annotations that contain
 # it), innermost first: e.g. cudaLaunchKernel < nccl:all_reduce < record_param_comms <
@@ -111,23 +116,24 @@ class CrossRank:
         return max(self.late, key=lambda k: (self.late[k], -k)) if self.late else None
 
 
-def cross_rank(con, ctx, world: dict[int, int | None]) -> dict[int, CrossRank]:
-    """Per run: wait-for-peer time per comm kernel, from collectives matched across the job's ranks.
+def cross_rank(con, ctx) -> dict[int, CrossRank]:
+    """Per run of this database: wait-for-peer time per comm kernel, from collectives matched across
+    the job's ranks (`job_collectives`, so a cluster worker matches against peers it does not hold).
 
     Runs are one job when they share world_size and have distinct ranks; matching needs the same number
     of comm kernels per process group on every rank and clocks that make matched kernels overlap.
     """
+    own = {r.run_id for r in ctx.runs}
     jobs: dict[int, list] = {}
-    for run in ctx.runs:
-        ws = world.get(run.run_id)
-        if run.rank is not None and ws and ws > 1:
-            jobs.setdefault(ws, []).append(run)
+    for m in rows(con, MEMBERS_SQL):
+        if m.rank is not None and m.world_size and m.world_size > 1:
+            jobs.setdefault(m.world_size, []).append(m)
     out: dict[int, CrossRank] = {}
-    for runs in jobs.values():
-        ranks = [r.rank for r in runs]
-        if len(runs) < 2 or len(set(ranks)) != len(ranks):
+    for members in jobs.values():
+        ranks = [m.rank for m in members]
+        if len(members) < 2 or len(set(ranks)) != len(ranks) or not own & {m.run_id for m in members}:
             continue
-        ids = [r.run_id for r in runs]
+        ids = [m.run_id for m in members]
         counts = rows(
             con,
             f"SELECT run_id, pg, count(*) AS kernels, count(DISTINCT device) AS devices FROM ({NUMBERED_SQL}) GROUP BY ALL",
@@ -137,12 +143,12 @@ def cross_rank(con, ctx, world: dict[int, int | None]) -> dict[int, CrossRank]:
         for c in counts:
             per_pg.setdefault(c.pg, []).append(c)
         if not per_pg or any(
-            len(ranks_of_pg) != len(runs)
+            len(ranks_of_pg) != len(members)
             or {(c.kernels, c.devices) for c in ranks_of_pg} != {(ranks_of_pg[0].kernels, 1)}
             for ranks_of_pg in per_pg.values()
         ):
             continue  # collective counts differ per rank (traces cover different steps) or a rank has 2 devices
-        matched = rows(con, CROSS_RANK_SQL, {"run_ids": ids})
+        matched = rows(con, CROSS_RANK_SQL, {"run_ids": ids, "own_run_ids": sorted(own)})
         if not matched or sum(1 for m in matched if m.overlaps_peers) < 0.9 * len(matched):
             continue  # matched kernels do not overlap in time: clocks differ between ranks
         for m in matched:

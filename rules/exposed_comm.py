@@ -124,7 +124,7 @@ def check(con, params, ctx):
     yield from _unrecognised_collectives(con, ctx, world, {d.run_id for d in comm_devices})
     if not comm_devices:
         return
-    cross = _collectives.cross_rank(con, ctx, world)
+    cross = _collectives.cross_rank(con, ctx)
     for d in comm_devices:
         run = ctx.run(d.run_id)
         window = _phases.window(con, ctx, run, params)

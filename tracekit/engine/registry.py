@@ -70,6 +70,9 @@ class Rule:
     status: str = "preview"
     since: str = "0.1.0"
     example: Example | None = None
+    # "run": reads one rank's tables and views, run where that rank's events are (a cluster worker);
+    # "job": a cross-rank rule that reads only the per-rank summaries (JOB_INPUTS), run once per job
+    scope: str = "run"
 
     def resolve_params(self, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
         values = {k: p.default for k, p in self.params.items()}
@@ -88,6 +91,7 @@ class Rule:
             "requires": list(self.requires),
             "status": self.status,
             "since": self.since,
+            "scope": self.scope,
             "params": {k: {"default": p.default, "unit": p.unit, "help": p.help} for k, p in self.params.items()},
             "doc": self.doc,
         }
@@ -122,8 +126,12 @@ def rule(
     requires: tuple[str, ...],
     params: dict[str, Param],
     example: Example | None = None,
+    scope: str = "run",
 ):
     """Mark the decorated `check(con, params, ctx)` as its module's rule; the module docstring is its doc."""
+
+    if scope not in SCOPES:
+        raise ValueError(f"rule {code}: scope must be one of {SCOPES}, not {scope!r}")
 
     def mark(fn):
         module = importlib.import_module(fn.__module__)  # still executing: its docstring is already set
@@ -141,11 +149,18 @@ def rule(
                 doc=(module.__doc__ or "").strip(),
                 module=fn.__module__,
                 example=example,
+                scope=scope,
             ),
         )
         return fn
 
     return mark
+
+
+# What a "job"-scope rule may read: the per-rank summaries (views over every rank's events in one
+# database, tables in a cluster run's reducer) and the views computed from them alone.
+JOB_INPUTS = ("runs", "rank_collectives", "rank_steps", "rank_op_times", "collective_arrivals", "rank_step_waits")
+SCOPES = ("run", "job")
 
 
 def rules_of(module) -> list[Rule]:

@@ -21,9 +21,12 @@ def missing_inputs(con, rule: Rule) -> list[str]:
     return missing
 
 
-def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | None = None):
-    """Returns (findings, data_quality notes) from the selected rules (all when select is None)."""
+def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | None = None, scope: str | None = None):
+    """Returns (findings, data_quality notes) from the selected rules (all when select is None), of
+    one scope only when `scope` is given ("run" in a cluster worker, "job" in its reducer)."""
     rules = [get_rule(k) for k in select] if select else all_rules()
+    if scope is not None:
+        rules = [r for r in rules if r.scope == scope]
     with computed_once(con):
         return _run(con, rules, params or {})
 
@@ -33,7 +36,7 @@ def _run(con, rules: list[Rule], params: dict[str, dict]):
 
     ctx = Context(con)
     findings: list[Finding] = []
-    notes: list[DataQuality] = quality.notes(ctx)
+    notes: list[DataQuality] = quality.notes(ctx) if any(r.scope == "run" for r in rules) else []
     for rule in rules:
         missing = missing_inputs(con, rule)
         if missing:

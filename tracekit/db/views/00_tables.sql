@@ -326,3 +326,39 @@ CREATE TABLE IF NOT EXISTS run_metrics (
     -- JSON: where the value came from, e.g. the benchmark's own key
     args JSON
 );
+
+-- Collective calls of the job's other ranks, in the columns of `rank_collectives`: empty in a
+-- database that holds every rank; a cluster worker's database is sent the calls of the ranks it
+-- does not hold, so that `job_collectives` and `collective_arrivals` see the whole job there too.
+CREATE TABLE IF NOT EXISTS peer_collectives (
+    -- the peer's run id in the job
+    run_id INTEGER,
+    -- its rank
+    rank INTEGER,
+    -- its world size
+    world_size INTEGER,
+    -- the process group
+    process_group VARCHAR,
+    -- the call's number within its group
+    seq BIGINT,
+    -- its name
+    collective VARCHAR,
+    -- the kernel's or op's event in the peer's own database
+    event_id BIGINT,
+    -- true when the span is a kernel's
+    on_device BOOLEAN,
+    -- the kernel's device
+    device INTEGER,
+    -- start on the peer's clock
+    start_ns BIGINT,
+    -- end on the peer's clock
+    end_ns BIGINT,
+    -- end_ns - start_ns
+    dur_ns BIGINT,
+    -- input message size in bytes
+    bytes BIGINT,
+    -- group size
+    group_size INTEGER,
+    -- dtype of the message
+    dtype VARCHAR
+);

@@ -1,0 +1,291 @@
+-- Ranks of one job: the small per-rank summaries that cross-rank rules read, and the views that put
+-- the ranks on one clock. Each `rank_*` view is computed from one rank's own events; a cluster
+-- worker computes them for its ranks and sends only them to the reducer, which holds each as a
+-- table of the same name, so a cross-rank query reads the same relations in one database of every
+-- rank and in the reducer of a cluster run.
+
+-- One row per collective call of a run that has a rank, on the rank's own clock: the per-rank input
+-- of the cross-rank views. The span is the call's kernel on the GPU (`on_device`), else its op's or
+-- gloo range's on the host; `wait` ops are left out (they end when the host looks, not when the
+-- peers meet).
+CREATE OR REPLACE VIEW rank_collectives(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- its world size
+    world_size,
+    -- the process group (`collectives.process_group`)
+    process_group,
+    -- the call's number within its group (`collectives.seq`)
+    seq,
+    -- its name (`collectives.collective`)
+    collective,
+    -- the kernel's event for a call on the device, else the op's
+    event_id,
+    -- true when the span is the call's communication kernel on the GPU
+    on_device,
+    -- the kernel's device; NULL for a host span
+    device,
+    -- start of the call on this rank's clock
+    start_ns,
+    -- end of the call on this rank's clock
+    end_ns,
+    -- end_ns - start_ns
+    dur_ns,
+    -- input message size in bytes (`collectives.bytes`)
+    bytes,
+    -- `collectives.group_size`
+    group_size,
+    -- `collectives.dtype`
+    dtype
+) AS
+SELECT run_id, rank, world_size, process_group, seq, collective,
+       CASE WHEN gpu_ts_ns IS NOT NULL THEN kernel_event_id ELSE op_event_id END,
+       gpu_ts_ns IS NOT NULL, device,
+       coalesce(gpu_ts_ns, op_ts_ns), coalesce(gpu_end_ns, op_end_ns),
+       coalesce(gpu_end_ns, op_end_ns) - coalesce(gpu_ts_ns, op_ts_ns), bytes, group_size, dtype
+FROM collectives
+WHERE rank IS NOT NULL AND collective IS DISTINCT FROM 'wait'
+  AND coalesce(gpu_ts_ns, op_ts_ns) IS NOT NULL AND coalesce(gpu_end_ns, op_end_ns) IS NOT NULL;
+
+-- Every collective call of the job: this database's `rank_collectives` and the rows of
+-- `peer_collectives` (the other ranks' calls, which a cluster worker is sent; empty in a database
+-- that holds every rank).
+CREATE OR REPLACE VIEW job_collectives(
+    -- the run (a peer's run id in the job for a peer's call)
+    run_id,
+    -- its rank
+    rank,
+    -- its world size
+    world_size,
+    -- the process group
+    process_group,
+    -- the call's number within its group
+    seq,
+    -- its name
+    collective,
+    -- the kernel's or op's event (in the peer's own database for a peer's call)
+    event_id,
+    -- true when the span is a kernel's
+    on_device,
+    -- the kernel's device
+    device,
+    -- start on the rank's own clock
+    start_ns,
+    -- end on the rank's own clock
+    end_ns,
+    -- end_ns - start_ns
+    dur_ns,
+    -- input message size in bytes
+    bytes,
+    -- group size
+    group_size,
+    -- dtype of the message
+    dtype
+) AS
+SELECT run_id, rank, world_size, process_group, seq, collective, event_id, on_device, device, start_ns, end_ns, dur_ns, bytes, group_size, dtype FROM rank_collectives
+UNION ALL
+SELECT run_id, rank, world_size, process_group, seq, collective, event_id, on_device, device, start_ns, end_ns, dur_ns, bytes, group_size, dtype FROM peer_collectives;
+
+-- Each rank's arrival at each collective it shares with the other ranks of its job, on one clock.
+-- A collective instance is (process group, `seq`, collective name) across the ranks of
+-- `job_collectives` (a rank that more than one run holds, as when two jobs' traces share a
+-- database, takes no part). A collective ends on every rank at about the same moment, since no rank
+-- leaves before the last one arrived, so each run's clock offset is the median over its collectives
+-- of its end minus that collective's median end over the ranks: offsets come from the collectives
+-- themselves, not from wall clocks, good to the spread of the ends (`end_spread_ns`). The rank that
+-- arrives last waits least; `wait_ns` is how long a rank sat in the collective before the last one
+-- arrived.
+CREATE OR REPLACE VIEW collective_arrivals(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- the process group (`collectives.process_group`)
+    process_group,
+    -- the collective's number within its group (`collectives.seq`)
+    seq,
+    -- its name
+    collective,
+    -- its start on this rank, on the rank's own clock
+    start_ns,
+    -- its end on this rank, on the rank's own clock
+    end_ns,
+    -- what is subtracted from this rank's times to put them on the job's common clock
+    clock_offset_ns,
+    -- start_ns on the common clock
+    aligned_start_ns,
+    -- end_ns on the common clock
+    aligned_end_ns,
+    -- how many ranks hold this collective
+    ranks,
+    -- the rank that arrived last (latest aligned start)
+    last_rank,
+    -- how much later than the first rank this rank arrived
+    arrival_lag_ns,
+    -- how long this rank was in the collective before the last rank arrived: its wait for the others
+    wait_ns,
+    -- the spread of the aligned ends over the ranks: how far the alignment can be trusted here
+    end_spread_ns
+) AS
+WITH spans AS (
+    SELECT run_id, rank, process_group, seq, collective, start_ns, end_ns FROM job_collectives
+    QUALIFY count(DISTINCT run_id) OVER (PARTITION BY rank) = 1
+), shared AS (
+    SELECT *, count(*) OVER w AS ranks, median(end_ns) OVER w AS median_end
+    FROM spans WINDOW w AS (PARTITION BY process_group, seq, collective)
+), offsets AS (
+    SELECT run_id, CAST(median(end_ns - median_end) AS BIGINT) AS clock_offset_ns
+    FROM shared WHERE ranks > 1 GROUP BY run_id
+), aligned AS (
+    SELECT s.run_id, s.rank, s.process_group, s.seq, s.collective, s.start_ns, s.end_ns, o.clock_offset_ns,
+           s.start_ns - o.clock_offset_ns AS aligned_start_ns, s.end_ns - o.clock_offset_ns AS aligned_end_ns, s.ranks
+    FROM shared s JOIN offsets o USING (run_id)
+    WHERE s.ranks > 1
+)
+SELECT *,
+       arg_max(rank, aligned_start_ns) OVER w,
+       aligned_start_ns - min(aligned_start_ns) OVER w,
+       greatest(least(max(aligned_start_ns) OVER w, aligned_end_ns) - aligned_start_ns, 0),
+       max(aligned_end_ns) OVER w - min(aligned_end_ns) OVER w
+FROM aligned
+WINDOW w AS (PARTITION BY process_group, seq, collective);
+
+-- One row per step of a run that has a rank: the `steps` breakdown with the rank, the time the rank
+-- spent inside collective calls, and how late its step thread began its first traced work. This is
+-- the per-step per-rank summary a cluster worker sends to the reducer.
+CREATE OR REPLACE VIEW rank_steps(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- `steps.step_index`
+    step_index,
+    -- `steps.name`
+    name,
+    -- `steps.phase`
+    phase,
+    -- start of the step on this rank's clock
+    start_ns,
+    -- end of the step on this rank's clock
+    end_ns,
+    -- end_ns - start_ns
+    dur_ns,
+    -- `steps.device`; NULL for a run without GPU work
+    device,
+    -- `steps.busy_ns`
+    busy_ns,
+    -- `steps.compute_ns`
+    compute_ns,
+    -- `steps.comm_ns`
+    comm_ns,
+    -- `steps.comm_exposed_ns`
+    comm_exposed_ns,
+    -- `steps.idle_ns`
+    idle_ns,
+    -- `steps.host_ns`: time the step's thread was inside traced host work
+    host_ns,
+    -- the summed spans of the rank's collective calls that start in the step (`rank_collectives`),
+    -- waiting for peers included
+    collective_ns,
+    -- how many collective calls start in the step
+    collectives,
+    -- from the step's start to the first op, annotation or runtime call on its thread: a rank that
+    -- begins its step late shows it here
+    lead_in_ns
+) AS
+WITH s AS (
+    SELECT s.*, r.rank FROM steps s JOIN runs r USING (run_id) WHERE r.rank IS NOT NULL
+), calls AS (
+    SELECT s.run_id, s.step_index, sum(c.dur_ns) AS collective_ns, count(*) AS collectives
+    FROM s JOIN rank_collectives c ON c.run_id = s.run_id AND c.start_ns >= s.start_ns AND c.start_ns < s.end_ns
+    GROUP BY ALL
+), lead AS (
+    SELECT s.run_id, s.step_index, min(e.ts_ns) - s.start_ns AS lead_in_ns
+    FROM s JOIN events e ON e.run_id = s.run_id AND e.pid = s.pid AND e.tid = s.tid
+                        AND e.ts_ns > s.start_ns AND e.ts_ns < s.end_ns
+    WHERE e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
+    GROUP BY s.run_id, s.step_index, s.start_ns
+)
+SELECT s.run_id, s.rank, s.step_index, s.name, s.phase, s.start_ns, s.end_ns, s.dur_ns, s.device, s.busy_ns,
+       s.compute_ns, s.comm_ns, s.comm_exposed_ns, s.idle_ns, s.host_ns,
+       coalesce(calls.collective_ns, 0), coalesce(calls.collectives, 0), lead.lead_in_ns
+FROM s LEFT JOIN calls USING (run_id, step_index) LEFT JOIN lead USING (run_id, step_index);
+
+-- Per run that has a rank, the time per step in each named host op or annotation and each GPU
+-- kernel, over the run's steady steps (every step when none is steady): what a rank's breakdown is
+-- compared on against its peers. Names go through `name_key`, so per-run ids do not split a name;
+-- host events of every thread count (the backward pass runs on autograd's own thread), nested
+-- ones too, so a name's time includes its children's.
+CREATE OR REPLACE VIEW rank_op_times(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- `host` (cpu ops and annotations) or `gpu` (kernels)
+    layer,
+    -- `name_key` of the op's, annotation's or kernel's name
+    name,
+    -- the smallest nesting depth the name has on its threads (0 = top level)
+    depth,
+    -- how many steps it was measured over
+    steps,
+    -- how many calls started in those steps
+    calls,
+    -- their summed duration
+    total_ns,
+    -- total_ns / steps
+    per_step_ns
+) AS
+WITH ranked AS (
+    SELECT s.*, r.rank FROM steps s JOIN runs r USING (run_id) WHERE r.rank IS NOT NULL
+), chosen AS (
+    SELECT * FROM ranked
+    QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0
+), counted AS (
+    SELECT run_id, count(*) AS steps FROM chosen GROUP BY run_id
+), timed AS (
+    SELECT s.run_id, s.rank,
+           CASE WHEN e.kind = 'kernel' THEN 'gpu' ELSE 'host' END AS layer,
+           name_key(e.name) AS name, e.depth, e.dur_ns
+    FROM chosen s JOIN events e ON e.run_id = s.run_id AND e.ts_ns >= s.start_ns AND e.ts_ns < s.end_ns
+    WHERE e.kind IN ('cpu_op', 'user_annotation', 'kernel') AND e.dur_ns IS NOT NULL
+      AND e.event_id IS DISTINCT FROM s.event_id
+)
+SELECT t.run_id, t.rank, t.layer, t.name, min(t.depth), c.steps, count(*), sum(t.dur_ns), sum(t.dur_ns) / c.steps
+FROM timed t JOIN counted c USING (run_id)
+GROUP BY t.run_id, t.rank, t.layer, t.name, c.steps;
+
+-- Per rank and step, what the step cost the rank in waiting for its peers: the summed `wait_ns`
+-- of the collectives that start in the step (`collective_arrivals`), how late the rank arrived at
+-- them, and the step's start on the job's common clock.
+CREATE OR REPLACE VIEW rank_step_waits(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- `rank_steps.step_index`
+    step_index,
+    -- `rank_steps.phase`
+    phase,
+    -- `rank_steps.dur_ns`
+    dur_ns,
+    -- the step's start on the common clock (its start minus the run's clock offset)
+    aligned_start_ns,
+    -- collectives of the step shared with other ranks
+    collectives,
+    -- summed wait for the other ranks in them
+    wait_ns,
+    -- summed arrival lag behind the first rank in them
+    arrival_lag_ns,
+    -- how many of them this rank arrived at last
+    arrived_last
+) AS
+WITH offsets AS (SELECT DISTINCT run_id, clock_offset_ns FROM collective_arrivals)
+SELECT s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.start_ns - o.clock_offset_ns,
+       count(a.seq), coalesce(sum(a.wait_ns), 0), coalesce(sum(a.arrival_lag_ns), 0),
+       count(*) FILTER (WHERE a.last_rank = s.rank)
+FROM rank_steps s JOIN offsets o USING (run_id)
+LEFT JOIN collective_arrivals a ON a.run_id = s.run_id AND a.start_ns >= s.start_ns AND a.start_ns < s.end_ns
+GROUP BY s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.start_ns, o.clock_offset_ns;
