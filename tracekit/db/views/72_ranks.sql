@@ -154,7 +154,10 @@ WINDOW w AS (PARTITION BY process_group, seq, collective);
 
 -- One row per step of a run that has a rank: the `steps` breakdown with the rank, the time the rank
 -- spent inside collective calls, and how late its step thread began its first traced work. This is
--- the per-step per-rank summary a cluster worker sends to the reducer.
+-- the per-step per-rank summary a cluster worker sends to the reducer. A step's *iteration* runs
+-- from its start to the next step's start (to its own end for the last step): code between two step
+-- annotations (a gradient sync written after the profiled region, a data loader) belongs to the
+-- iteration it follows, so the cross-rank views count collectives and ops per iteration.
 CREATE OR REPLACE VIEW rank_steps(
     -- the run
     run_id,
@@ -172,6 +175,8 @@ CREATE OR REPLACE VIEW rank_steps(
     end_ns,
     -- end_ns - start_ns
     dur_ns,
+    -- end of the step's iteration: the next step's start, else end_ns
+    iteration_end_ns,
     -- `steps.device`; NULL for a run without GPU work
     device,
     -- `steps.busy_ns`
@@ -186,20 +191,24 @@ CREATE OR REPLACE VIEW rank_steps(
     idle_ns,
     -- `steps.host_ns`: time the step's thread was inside traced host work
     host_ns,
-    -- the summed spans of the rank's collective calls that start in the step (`rank_collectives`),
-    -- waiting for peers included
+    -- the summed spans of the rank's collective calls that start in the step's iteration
+    -- (`rank_collectives`), waiting for peers included
     collective_ns,
-    -- how many collective calls start in the step
+    -- how many collective calls start in the step's iteration
     collectives,
     -- from the step's start to the first op, annotation or runtime call on its thread: a rank that
     -- begins its step late shows it here
     lead_in_ns
 ) AS
 WITH s AS (
-    SELECT s.*, r.rank FROM steps s JOIN runs r USING (run_id) WHERE r.rank IS NOT NULL
+    SELECT s.*, r.rank,
+           greatest(coalesce(lead(s.start_ns) OVER (PARTITION BY s.run_id ORDER BY s.step_index), s.end_ns), s.end_ns)
+               AS iteration_end_ns
+    FROM steps s JOIN runs r USING (run_id) WHERE r.rank IS NOT NULL
 ), calls AS (
     SELECT s.run_id, s.step_index, sum(c.dur_ns) AS collective_ns, count(*) AS collectives
-    FROM s JOIN rank_collectives c ON c.run_id = s.run_id AND c.start_ns >= s.start_ns AND c.start_ns < s.end_ns
+    FROM s JOIN rank_collectives c
+      ON c.run_id = s.run_id AND c.start_ns >= s.start_ns AND c.start_ns < s.iteration_end_ns
     GROUP BY ALL
 ), lead AS (
     SELECT s.run_id, s.step_index, min(e.ts_ns) - s.start_ns AS lead_in_ns
@@ -208,16 +217,21 @@ WITH s AS (
     WHERE e.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
     GROUP BY s.run_id, s.step_index, s.start_ns
 )
-SELECT s.run_id, s.rank, s.step_index, s.name, s.phase, s.start_ns, s.end_ns, s.dur_ns, s.device, s.busy_ns,
+SELECT s.run_id, s.rank, s.step_index, s.name, s.phase, s.start_ns, s.end_ns, s.dur_ns, s.iteration_end_ns, s.device,
+       s.busy_ns,
        s.compute_ns, s.comm_ns, s.comm_exposed_ns, s.idle_ns, s.host_ns,
        coalesce(calls.collective_ns, 0), coalesce(calls.collectives, 0), lead.lead_in_ns
 FROM s LEFT JOIN calls USING (run_id, step_index) LEFT JOIN lead USING (run_id, step_index);
 
 -- Per run that has a rank, the time per step in each named host op or annotation and each GPU
--- kernel, over the run's steady steps (every step when none is steady): what a rank's breakdown is
--- compared on against its peers. Names go through `name_key`, so per-run ids do not split a name;
--- host events of every thread count (the backward pass runs on autograd's own thread), nested
--- ones too, so a name's time includes its children's.
+-- kernel, over the iterations of the run's steady steps (all steps when none is steady; see
+-- `rank_steps`): what a rank's breakdown is compared on against its peers. Names go through
+-- `name_key`, so per-run ids do not split a name; host events of every thread count (the backward
+-- pass runs on autograd's own thread). `total_ns` includes nested work; `self_ns` is without the
+-- traced work directly nested in it (ops, annotations, runtime calls) and without the time the rank
+-- spent in host collective calls of other threads meanwhile (a gloo collective this thread waits
+-- for), so host time in plain Python or a sleep inside an annotation shows as its self time, and
+-- waiting for peers does not.
 CREATE OR REPLACE VIEW rank_op_times(
     -- the run
     run_id,
@@ -229,37 +243,62 @@ CREATE OR REPLACE VIEW rank_op_times(
     name,
     -- the smallest nesting depth the name has on its threads (0 = top level)
     depth,
-    -- how many steps it was measured over
+    -- how many iterations it was measured over
     steps,
-    -- how many calls started in those steps
+    -- how many calls started in them
     calls,
     -- their summed duration
     total_ns,
+    -- their summed duration less that of the traced events nested directly in them and of host
+    -- collective calls on other threads during them
+    self_ns,
     -- total_ns / steps
-    per_step_ns
+    per_step_ns,
+    -- self_ns / steps
+    self_per_step_ns
 ) AS
-WITH ranked AS (
-    SELECT s.*, r.rank FROM steps s JOIN runs r USING (run_id) WHERE r.rank IS NOT NULL
-), chosen AS (
-    SELECT * FROM ranked
+WITH chosen AS (
+    SELECT run_id, rank, name AS step_name, start_ns, iteration_end_ns FROM rank_steps
     QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0
 ), counted AS (
     SELECT run_id, count(*) AS steps FROM chosen GROUP BY run_id
 ), timed AS (
-    SELECT s.run_id, s.rank,
+    SELECT e.run_id, s.rank, e.event_id, e.tid, e.ts_ns, e.end_ns,
            CASE WHEN e.kind = 'kernel' THEN 'gpu' ELSE 'host' END AS layer,
            name_key(e.name) AS name, e.depth, e.dur_ns
-    FROM chosen s JOIN events e ON e.run_id = s.run_id AND e.ts_ns >= s.start_ns AND e.ts_ns < s.end_ns
+    FROM chosen s JOIN events e ON e.run_id = s.run_id AND e.ts_ns >= s.start_ns AND e.ts_ns < s.iteration_end_ns
     WHERE e.kind IN ('cpu_op', 'user_annotation', 'kernel') AND e.dur_ns IS NOT NULL
-      AND e.event_id IS DISTINCT FROM s.event_id
+      -- the step annotations themselves are the window, not work in it
+      AND NOT (e.kind = 'user_annotation' AND (e.name LIKE 'ProfilerStep#%' OR e.name = s.step_name
+                                               OR e.name LIKE s.step_name || '#%'))
+), nested AS (
+    SELECT c.parent_id AS event_id, sum(c.dur_ns) AS nested_ns
+    FROM events c JOIN (SELECT DISTINCT run_id FROM chosen) USING (run_id)
+    WHERE c.parent_id IS NOT NULL AND c.dur_ns IS NOT NULL
+      AND c.kind IN ('cpu_op', 'user_annotation', 'cuda_runtime', 'cuda_driver')
+    GROUP BY c.parent_id
+), host_calls AS (
+    SELECT run_id, tid, op_ts_ns AS ts_ns, op_end_ns AS end_ns FROM collectives
+    WHERE gpu_ts_ns IS NULL AND op_ts_ns IS NOT NULL AND op_end_ns IS NOT NULL
+      AND list_contains((SELECT list(DISTINCT run_id) FROM chosen), run_id)
+), waited AS (
+    SELECT t.event_id, sum(least(t.end_ns, h.end_ns) - greatest(t.ts_ns, h.ts_ns)) AS waited_ns
+    FROM timed t JOIN host_calls h ON h.run_id = t.run_id AND h.tid IS DISTINCT FROM t.tid
+                                  AND h.ts_ns < t.end_ns AND h.end_ns > t.ts_ns
+    WHERE t.layer = 'host'
+    GROUP BY t.event_id
+), own AS (
+    SELECT t.*, greatest(t.dur_ns - coalesce(n.nested_ns, 0) - coalesce(w.waited_ns, 0), 0) AS self_ns
+    FROM timed t LEFT JOIN nested n USING (event_id) LEFT JOIN waited w USING (event_id)
 )
-SELECT t.run_id, t.rank, t.layer, t.name, min(t.depth), c.steps, count(*), sum(t.dur_ns), sum(t.dur_ns) / c.steps
-FROM timed t JOIN counted c USING (run_id)
-GROUP BY t.run_id, t.rank, t.layer, t.name, c.steps;
+SELECT o.run_id, o.rank, o.layer, o.name, min(o.depth), c.steps, count(*), sum(o.dur_ns), sum(o.self_ns),
+       sum(o.dur_ns) / c.steps, sum(o.self_ns) / c.steps
+FROM own o JOIN counted c USING (run_id)
+GROUP BY o.run_id, o.rank, o.layer, o.name, c.steps;
 
 -- Per rank and step, what the step cost the rank in waiting for its peers: the summed `wait_ns`
--- of the collectives that start in the step (`collective_arrivals`), how late the rank arrived at
--- them, and the step's start on the job's common clock.
+-- of the collectives that start in the step's iteration (`collective_arrivals`, `rank_steps`), how
+-- late the rank arrived at them, and the step's start on the job's common clock.
 CREATE OR REPLACE VIEW rank_step_waits(
     -- the run
     run_id,
@@ -271,6 +310,8 @@ CREATE OR REPLACE VIEW rank_step_waits(
     phase,
     -- `rank_steps.dur_ns`
     dur_ns,
+    -- the step's iteration: from its start to the next step's (`rank_steps.iteration_end_ns`)
+    iteration_ns,
     -- the step's start on the common clock (its start minus the run's clock offset)
     aligned_start_ns,
     -- collectives of the step shared with other ranks
@@ -283,9 +324,9 @@ CREATE OR REPLACE VIEW rank_step_waits(
     arrived_last
 ) AS
 WITH offsets AS (SELECT DISTINCT run_id, clock_offset_ns FROM collective_arrivals)
-SELECT s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.start_ns - o.clock_offset_ns,
+SELECT s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.iteration_end_ns - s.start_ns, s.start_ns - o.clock_offset_ns,
        count(a.seq), coalesce(sum(a.wait_ns), 0), coalesce(sum(a.arrival_lag_ns), 0),
        count(*) FILTER (WHERE a.last_rank = s.rank)
 FROM rank_steps s JOIN offsets o USING (run_id)
-LEFT JOIN collective_arrivals a ON a.run_id = s.run_id AND a.start_ns >= s.start_ns AND a.start_ns < s.end_ns
-GROUP BY s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.start_ns, o.clock_offset_ns;
+LEFT JOIN collective_arrivals a ON a.run_id = s.run_id AND a.start_ns >= s.start_ns AND a.start_ns < s.iteration_end_ns
+GROUP BY s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.iteration_end_ns, s.start_ns, o.clock_offset_ns;

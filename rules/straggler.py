@@ -1,0 +1,355 @@
+"""One rank holds the others back at their collectives, and what on it grew (R001 straggler).
+
+## What it does
+Reads only the per-rank summaries, so it runs the same in one database of every rank and in a
+cluster run's reducer. Per job (the ranked runs of one world size that share collectives), over the
+iterations of the steady steps (`rank_step_waits`: a step's start to the next step's start, with the
+ranks put on one clock by `collective_arrivals`), it takes each rank's mean wait for its peers inside
+collectives per iteration. The rank that waits least is the one the others wait for; it *holds them
+back* by the median of the other ranks' mean wait minus its own. When that is at least
+`min_held_share` of the iteration, the rule looks for the cause in that rank's own breakdown against
+the median of its peers: a named op, annotation or kernel that takes longer per iteration
+(`rank_op_times`: its total time, or its self time, which is host time inside it outside any traced
+op and outside waiting for a collective), or a late start of its iterations (`rank_steps.lead_in_ns`:
+time before its first traced work). The cause is named when it accounts for at least
+`explain_share` of the time held; the finding lists the next candidates too. It names the
+collective where the others wait most for that rank.
+
+## Why it matters
+A collective finishes when its last rank arrives, so every other rank of the job loses the late
+rank's delay, every iteration: one slow data loader or one rank with more work costs the whole job.
+Per-rank views show the waiting on the *fast* ranks (long collectives, idle GPUs) and nothing
+unusual on the slow one; only the cross-rank comparison names it. When the late rank does no more
+work than its peers (its GPU idles as long as theirs wait, as in a host-launch-bound job whose ranks
+started at different times), there is no rank to fix: the finding says so and stays at info.
+
+## Example
+Two gloo ranks on one H200 host (`sample_traces/gloo_rank0/1.json.gz`), where rank 1 sleeps 8 ms
+inside its `grad_sync` annotation before the all-reduce: rank 0 waits 7.8 ms per iteration in the
+all-reduce, rank 1 59 us; `grad_sync` holds 6.6 ms per iteration of host time on rank 1 outside any
+traced op or collective, 6.1 ms more than on rank 0. In the eight-rank matrix cell slow_compute,
+the finding names rank 5 and its op `extra_compute` (4.0 ms per iteration, run on no other rank),
+holding the other seven ranks 2.9 ms per 31.8 ms iteration at the first gradient all-reduce.
+
+## Checked on
+The eight-rank gloo matrix (healthy; extra compute of 10, 20 and 30% on one rank; 5 ms of
+DataLoader work on one rank; a 5 ms and a 2 ms late start on one rank: tests/test_rule_straggler.py),
+the 2-rank gloo sample with an 8 ms host delay in `grad_sync` on rank 1, and the 2xH200
+tensor-parallel sample (rank 1 arrives last at every all-reduce with no extra work: info). Over the
+matrix the healthy cell's least-waiting rank holds the others 3.1% of the iteration and nothing on it
+explains more than 38% of that; every injected straggler holds them 5.7-17% and its cause explains
+96-130%.
+
+## Options
+- `min_held_share` (0.04): report a rank that holds the others back at least this share of the
+  iteration (healthy matrix cell 3.1%; the smallest injected straggler, a 2 ms late start, 5.7%).
+- `explain_share` (0.5): a cause is named when its excess over the peers is at least this share of
+  the time held (healthy cell: 38% at most; injected stragglers: 96% or more).
+- `critical_share` (0.15): severity critical when an explained straggler holds the others at least
+  this share of the iteration; below it, warning; unexplained, info.
+- `min_steps` (3): iterations with collectives each rank needs before the ranks are compared.
+- `near_best` (0.8): among causes within this share of the largest, one that runs on this rank only
+  is named first (the op added, not its parent).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tracekit.engine.phrases import rerun
+from tracekit.engine.registry import Example, Param, rule
+from tracekit.engine.toolkit import locality, rows
+from tracekit.findings.model import Finding, Quantity
+from tracekit.units import duration
+
+# Per rank: its mean wait for the peers per iteration, over the steady steps' iterations (every step
+# when a run has none steady) that hold shared collectives. The evidence query: `held` is the median
+# of the other ranks' wait_ns minus the least-waiting rank's.
+PER_RANK_SQL = """
+WITH s AS (
+    SELECT w.*, r.world_size FROM rank_step_waits w JOIN runs r USING (run_id)
+    WHERE w.collectives > 0
+    QUALIFY w.phase = 'steady' OR count(*) FILTER (WHERE w.phase = 'steady') OVER (PARTITION BY w.run_id) = 0
+)
+SELECT run_id, rank, world_size, count(*) AS steps, avg(wait_ns) AS wait_ns, avg(iteration_ns) AS iteration_ns,
+       avg(arrival_lag_ns) AS lag_ns, sum(arrived_last) AS arrived_last, sum(collectives) AS collectives
+FROM s WHERE world_size = $world_size GROUP BY run_id, rank, world_size ORDER BY rank
+"""
+
+# In how many iterations the rank waited less than the median of the other ranks in the same
+# iteration: near 1 for a rank that is late every time, about half for noise.
+CONSISTENCY_SQL = """
+WITH s AS (SELECT * FROM rank_step_waits WHERE collectives > 0 AND list_contains($run_ids, run_id)
+           QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0),
+o AS (SELECT a.step_index, a.wait_ns, median(b.wait_ns) AS others FROM s a
+      JOIN s b ON a.step_index = b.step_index AND a.rank <> b.rank WHERE a.rank = $rank GROUP BY ALL)
+SELECT count(*) FILTER (WHERE wait_ns < others) AS below, count(*) AS steps FROM o
+"""
+
+# Per collective (group, name): how much longer the other ranks wait in it per iteration than this rank.
+BY_COLLECTIVE_SQL = """
+WITH a AS (SELECT * FROM collective_arrivals WHERE list_contains($run_ids, run_id)),
+per AS (SELECT rank, process_group, collective, sum(wait_ns) AS wait_ns FROM a GROUP BY ALL)
+SELECT p.process_group, p.collective, median(p.wait_ns) FILTER (WHERE p.rank <> $rank) - coalesce(
+           max(p.wait_ns) FILTER (WHERE p.rank = $rank), 0) AS held_ns
+FROM per p GROUP BY ALL ORDER BY held_ns DESC, p.collective LIMIT 1
+"""
+
+# This rank's time per iteration in each named op, annotation and kernel against the median of its
+# peers (a peer without the name counts 0): total and self time, and whether any peer runs it.
+OPS_SQL = """
+WITH o AS (SELECT * FROM rank_op_times WHERE list_contains($run_ids, run_id)),
+me AS (SELECT * FROM o WHERE rank = $rank),
+peers AS (SELECT layer, name, list(per_step_ns) AS total, list(self_per_step_ns) AS self, count(*) AS n
+          FROM o WHERE rank <> $rank GROUP BY ALL),
+padded AS (
+    SELECT me.*, coalesce(p.n, 0) AS peers_with_it,
+           coalesce(p.total, []) || list_transform(range($peers - coalesce(p.n, 0)), lambda x: 0::DOUBLE) AS total,
+           coalesce(p.self, []) || list_transform(range($peers - coalesce(p.n, 0)), lambda x: 0::DOUBLE) AS self
+    FROM me LEFT JOIN peers p USING (layer, name)
+)
+SELECT layer, name, depth, per_step_ns, self_per_step_ns, peers_with_it,
+       per_step_ns - list_median(total) AS total_excess_ns, self_per_step_ns - list_median(self) AS self_excess_ns
+FROM padded
+WHERE NOT (name LIKE 'gloo:%' OR name LIKE 'nccl:%' OR name LIKE 'c10d::%' OR name = 'record_param_comms'
+           OR name LIKE 'nccl%Kernel%')
+ORDER BY greatest(total_excess_ns, self_excess_ns) DESC, name LIMIT 5
+"""
+
+# Per rank: mean lead-in, GPU idle and host time per steady step.
+STEP_PARTS_SQL = """
+SELECT rank, avg(lead_in_ns) AS lead_in_ns, avg(idle_ns) AS idle_ns, avg(host_ns) AS host_ns
+FROM rank_steps WHERE list_contains($run_ids, run_id) AND phase = 'steady'
+GROUP BY rank
+"""
+
+DATA_LOADING = ("DataLoader", "dataloader", "_next_data", "__next__")
+
+
+@rule(
+    code="R001",
+    name="straggler",
+    title="One rank holds the other ranks back at their collectives",
+    category="cluster",
+    requires=("runs",),
+    params={
+        "min_held_share": Param(
+            0.04, "report a rank holding the others back at least this share of the iteration", "ratio"
+        ),
+        "explain_share": Param(0.5, "name a cause that accounts for at least this share of the time held", "ratio"),
+        "critical_share": Param(0.15, "critical when an explained straggler holds the others this share", "ratio"),
+        "min_steps": Param(3, "iterations with collectives each rank needs", "count"),
+        "near_best": Param(0.8, "causes within this share of the largest count as tied", "ratio"),
+    },
+    example=Example(("gloo_rank0.json.gz", "gloo_rank1.json.gz")),
+    scope="job",
+)
+def check(con, params, ctx):
+    jobs = rows(
+        con,
+        "SELECT world_size, count(DISTINCT rank) AS ranks FROM runs WHERE rank IS NOT NULL AND world_size > 1 "
+        "GROUP BY world_size HAVING count(DISTINCT rank) > 1 ORDER BY world_size",
+    )
+    for job in jobs:
+        finding = _job(con, ctx, params, job.world_size)
+        if finding is not None:
+            yield finding
+
+
+def _job(con, ctx, params, world_size: int):
+    per_rank = [r for r in rows(con, PER_RANK_SQL, {"world_size": world_size}) if r.steps >= params["min_steps"]]
+    if len(per_rank) < 2 or len({r.rank for r in per_rank}) != len(per_rank):
+        return None
+    slow = min(per_rank, key=lambda r: (r.wait_ns, r.rank))
+    peers = [r for r in per_rank if r is not slow]
+    held = statistics.median(r.wait_ns for r in peers) - slow.wait_ns
+    iteration = statistics.median(r.iteration_ns for r in per_rank)
+    if iteration <= 0 or held < params["min_held_share"] * iteration:
+        return None
+    run_ids = [r.run_id for r in per_rank]
+    where = {"run_ids": run_ids, "rank": slow.rank}
+    causes = _causes(con, params, slow, peers, run_ids)
+    cause = _pick(causes, params["near_best"])
+    explained = cause is not None and cause["excess_ns"] >= params["explain_share"] * held
+    consistency = rows(con, CONSISTENCY_SQL, where)[0]
+    at = (rows(con, BY_COLLECTIVE_SQL, where) or [None])[0]
+    return _finding(ctx, params, world_size, slow, peers, held, iteration, cause if explained else None, causes,
+                    consistency, at)  # fmt: skip
+
+
+def _causes(con, params, slow, peers, run_ids) -> list[dict]:
+    """What on the slow rank takes longer than on its peers, per iteration, largest first."""
+    found = []
+    for op in rows(con, OPS_SQL, {"run_ids": run_ids, "rank": slow.rank, "peers": len(peers)}):
+        self_first = op.layer == "host" and op.self_excess_ns > op.total_excess_ns
+        excess = op.self_excess_ns if self_first else op.total_excess_ns
+        if excess > 0:
+            found.append({
+                "kind": "self" if self_first else ("kernel" if op.layer == "gpu" else "op"),
+                "name": op.name, "layer": op.layer, "depth": op.depth, "excess_ns": int(excess),
+                "per_step_ns": int(op.self_per_step_ns if self_first else op.per_step_ns),
+                "only_here": op.peers_with_it == 0,
+            })  # fmt: skip
+    parts = {r.rank: r for r in rows(con, STEP_PARTS_SQL, {"run_ids": run_ids})}
+    me, others = parts.get(slow.rank), [parts[p.rank] for p in peers if p.rank in parts]
+    if me is not None and others and me.lead_in_ns is not None:
+        lead = me.lead_in_ns - statistics.median(o.lead_in_ns or 0 for o in others)
+        if lead > 0:
+            found.append({"kind": "lead_in", "name": None, "excess_ns": int(lead), "per_step_ns": int(me.lead_in_ns),
+                          "only_here": False})  # fmt: skip
+    found.sort(key=lambda c: (-c["excess_ns"], c["name"] or ""))
+    if me is not None and others and me.idle_ns is not None:
+        # not a cause: a GPU idling longer on the late rank is what the others' waiting looks like there
+        idle = me.idle_ns - statistics.median(o.idle_ns or 0 for o in others)
+        host = me.host_ns - statistics.median(o.host_ns or 0 for o in others)
+        found.append({"kind": "gpu_idle", "name": None, "excess_ns": int(idle), "host_excess_ns": int(host),
+                      "per_step_ns": int(me.idle_ns), "only_here": False})  # fmt: skip
+    return found
+
+
+def _pick(causes: list[dict], near_best: float) -> dict | None:
+    """The largest cause; among those close to it, one that runs on this rank only (the op that was
+    added rather than the parent that contains it)."""
+    ranked = [c for c in causes if c["kind"] != "gpu_idle"]
+    if not ranked:
+        return None
+    best = ranked[0]
+    close = [c for c in ranked if c["excess_ns"] >= near_best * best["excess_ns"]]
+    return next((c for c in close if c["only_here"]), best)
+
+
+def _cause_text(cause: dict, rank: int) -> str:
+    per_step, excess = duration(cause["per_step_ns"]), duration(cause["excess_ns"])
+    if cause["kind"] == "lead_in":
+        return (f"rank {rank} starts its work {per_step} into each iteration, {excess} later than its peers, "
+                "outside any traced op")  # fmt: skip
+    if cause["kind"] == "self":
+        return (f"`{cause['name']}` holds {per_step} per iteration of host time on rank {rank} outside any traced "
+                f"op or collective, {excess} more than on its peers")  # fmt: skip
+    what = "kernel" if cause["kind"] == "kernel" else "op"
+    where = "and does not run on the other ranks" if cause["only_here"] else f"{excess} more than its peers' median"
+    return f"{what} `{cause['name']}` takes {per_step} per iteration on rank {rank}{'' if cause['only_here'] else ','} {where}"
+
+
+def _others(peers) -> str:
+    return "the other rank" if len(peers) == 1 else f"the other {len(peers)} ranks"
+
+
+def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool) -> str:
+    if cause is None:
+        return (
+            f"Check whether the ranks do the same work: compare rank {rank}'s and rank {peer}'s `rank_steps` "
+            "(host_ns, idle_ns, lead_in_ns) and G002 launch-bound on each. If every rank's host is the bound, "
+            "cut launch overhead on all of them (CUDA graphs, fewer small kernels); the late rank is only the one "
+            "whose queue is shallowest. If the profilers started at different times, profile again after a barrier."
+        )
+    name = cause.get("name") or ""
+    if cause["kind"] == "lead_in":
+        return (
+            f"Find what rank {rank} does between iterations: wrap the code before the step's first op in "
+            f"`torch.profiler.record_function`, or sample it (`py-spy dump --pid <rank {rank}>` during a step, or "
+            "with_stack=True). Checkpoint or logging I/O, a host barrier and a data copy on that rank only are the "
+            "usual suspects."
+        )
+    if any(k in name for k in DATA_LOADING):
+        return (
+            f"Time rank {rank}'s data loading alone (`next(iter(loader))` in a loop on that rank) against rank "
+            f"{peer}'s; if it is slower there, give its DataLoader workers (`num_workers>0`, `pin_memory=True`, "
+            "`prefetch_factor`) or check its shard (larger samples, a slower disk)."
+        )
+    if cause["kind"] == "self":
+        return (
+            f"Sample rank {rank} inside `{name}` (`py-spy dump --pid <rank {rank}>` while it runs, or the "
+            "profiler with with_stack=True) to name the host code that is not a traced op; compare with rank "
+            f"{peer}."
+        )
+    compare = (
+        f"SELECT r.rank, e.name, count(*), avg(e.dur_ns), any_value(CAST(e.args->'Input Dims' AS VARCHAR)) "
+        f"FROM events e JOIN runs r USING (run_id) WHERE name_key(e.name) = '{name}' AND r.rank IN ({rank}, {peer}) "
+        "GROUP BY ALL"
+    )
+    device = "GPU" if context_gpu else "core"
+    return (
+        f"Compare `{name}` on rank {rank} and rank {peer} (`{compare}`): more calls or larger input shapes mean "
+        f"rank {rank} gets more work (rebalance the shard, the bucket or the experts); the same calls and shapes "
+        f"taking longer mean a slower {device} there (run the op alone on that rank; check clocks, placement, "
+        "other processes)."
+    )
+
+
+def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, causes, consistency, at):
+    run = ctx.run(slow.run_id)
+    share = held / iteration
+    peer = min(peers, key=lambda p: (abs(p.wait_ns - statistics.median(q.wait_ns for q in peers)), p.rank)).rank
+    collective = f" at {at.collective}" if at is not None and at.collective else ""
+    if cause is not None:
+        severity = "critical" if share >= params["critical_share"] else "warning"
+        hypothesis = (
+            f"{_others(peers).capitalize()} wait for rank {slow.rank}: {_cause_text(cause, slow.rank)}. "
+            f"It waits {duration(slow.wait_ns)} per iteration in collectives, its peers a median "
+            f"{duration(slow.wait_ns + held)}; it waited less than the others' median in {consistency.below} of "
+            f"{consistency.steps} iterations."
+        )
+        title = (f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration "
+                 f"({share:.1%}){collective}: {_cause_text(cause, slow.rank)}")  # fmt: skip
+    else:
+        severity = "info"
+        idle = next((c for c in causes if c["kind"] == "gpu_idle"), None)
+        same_work = (
+            f" Its GPU idles {duration(idle['excess_ns'])} more per iteration than its peers' while its host is "
+            f"busy about as long ({duration(idle['host_excess_ns'])} difference): it does no more work, it starts "
+            "its collectives later because its launch queue is the shallowest."
+            if idle is not None
+            and idle["excess_ns"] >= params["explain_share"] * held
+            and abs(idle["host_excess_ns"]) < params["explain_share"] * held
+            else ""
+        )
+        hypothesis = (
+            f"Rank {slow.rank} arrives last: its peers wait a median {duration(slow.wait_ns + held)} per iteration "
+            f"in collectives, it waits {duration(slow.wait_ns)}. Nothing in its own breakdown accounts for "
+            f"{params['explain_share']:.0%} of that (largest: "
+            f"{_cause_text(causes[0], slow.rank) if causes and causes[0]['kind'] != 'gpu_idle' else 'none'})."
+            + same_work
+        )
+        title = (f"Rank {slow.rank} arrives last{collective}: {_others(peers)} wait {duration(held)} "
+                 f"per iteration ({share:.1%}) for it, with no extra work of its own found")  # fmt: skip
+    return Finding(
+        rule="R001",
+        severity=severity,
+        confidence=min(0.95, 0.5 + 0.5 * consistency.below / max(consistency.steps, 1)),
+        title=title,
+        locality=locality(
+            run,
+            op=cause["name"] if cause is not None and cause["layer"] == "host" else None,
+            kernel=cause["name"] if cause is not None and cause["layer"] == "gpu" else None,
+        )
+        if cause is not None and cause.get("name")
+        else locality(run),  # fmt: skip
+        observed=Quantity(int(held), "ns", "median of the other ranks' wait per iteration minus this rank's"),
+        expected=Quantity(int(params["min_held_share"] * iteration), "ns", "at most min_held_share of the iteration"),
+        impact_ns=int(held * slow.steps),
+        window_ns=int(iteration * slow.steps),
+        sql=PER_RANK_SQL,
+        sql_params={"world_size": world_size},
+        hypothesis=hypothesis,
+        next_experiment=_next_experiment(cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes)),
+        acceptance=rerun(
+            "traces of every rank",
+            f"the other ranks' wait_ns per iteration comes within {params['min_held_share']:.0%} of the iteration "
+            f"of rank {slow.rank}'s (today {duration(held)} apart), and the iteration shortens by about as much.",
+        ),
+        extra={
+            "world_size": world_size,
+            "ranks": len(peers) + 1,
+            "iterations": slow.steps,
+            "iteration_ns": int(iteration),
+            "held_ns": int(held),
+            "wait_ns_by_rank": {str(r.rank): int(r.wait_ns) for r in sorted([slow, *peers], key=lambda r: r.rank)},
+            "waited_less_than_peers": [int(consistency.below), int(consistency.steps)],
+            "collective": {"process_group": at.process_group, "collective": at.collective, "held_ns": int(at.held_ns)}
+            if at is not None
+            else None,
+            "causes": [c for c in causes[:5]],
+            "explained": cause is not None,
+        },
+    )
