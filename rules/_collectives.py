@@ -124,6 +124,12 @@ def cross_rank(con, ctx) -> dict[int, CrossRank]:
     of comm kernels per process group on every rank and clocks that make matched kernels overlap.
     """
     own = {r.run_id for r in ctx.runs}
+    ranked = con.execute(
+        "SELECT (SELECT count(*) FROM runs WHERE rank IS NOT NULL AND world_size > 1) + (SELECT count(*) FROM "
+        "(SELECT 1 FROM peer_collectives LIMIT 1))"
+    ).fetchone()[0]
+    if ranked < 2:  # one rank and no peers sent: nothing to match (and `job_collectives` is not cheap)
+        return {}
     jobs: dict[int, list] = {}
     for m in rows(con, MEMBERS_SQL):
         if m.rank is not None and m.world_size and m.world_size > 1:
