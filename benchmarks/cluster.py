@@ -273,7 +273,9 @@ def targets(rows, args):
     if w2 is None:
         lines.append(f"- 256 ranks in < {TARGET_256_S:.0f} s with `--workers 2`: not measured (256 not in --sizes)")
     elif w2.wall is None:
-        lines.append(f"- 256 ranks in < {TARGET_256_S:.0f} s with `--workers 2`: n/a ({w2.error})")
+        lines.append(
+            f"- 256 ranks in < {TARGET_256_S:.0f} s with `--workers 2`: n/a ({w2.error.removeprefix('n/a: ')})"
+        )
     else:
         lines.append(
             f"- 256 ranks in < {TARGET_256_S:.0f} s with `--workers 2`: {verdict(w2.wall < TARGET_256_S)} ({w2.wall:.1f} s)"
