@@ -290,18 +290,11 @@ def targets(rows, args):
             label = f"- HTA / tracekit on {n} ranks (no target)"
         if r is None or hta is None or best is None:
             lines.append(f"{label}: not measured")
-        elif hta.wall:
-            s = hta.wall / best
-            lines.append(
-                f"{label}: " + (f"{verdict(s >= TARGET_HTA_SPEEDUP)} " if n == 64 else "") + f"({s:.1f}x, {name})"
-            )
-        elif hta.error.startswith("killed"):
-            s = args.hta_timeout / best
-            lines.append(
-                f"{label}: "
-                + (f"{verdict(s >= TARGET_HTA_SPEEDUP)} " if n == 64 else "")
-                + f"(> {s:.1f}x, HTA killed at {args.hta_timeout} s)"
-            )
+        elif hta.wall or hta.error.startswith("killed"):
+            s = (hta.wall or args.hta_timeout) / best
+            detail = f"{s:.1f}x, {name}" if hta.wall else f"> {s:.1f}x, HTA killed at {args.hta_timeout} s"
+            ok = f"{verdict(s >= TARGET_HTA_SPEEDUP)} " if n == 64 else ""
+            lines.append(f"{label}: {ok}({detail})")
         else:
             lines.append(f"{label}: n/a ({hta.error})")
 
@@ -411,7 +404,7 @@ def main():
     rows = [run_size(n, args, flags, r_rules) for n in args.sizes]
     commit = subprocess.run(["git", "-C", run.ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     info = run.machine_info(args.cores)
-    info.insert(1, ("load average at start (1/5/15 min)", load))
+    info.insert(1, ("load average at start; end (1/5/15 min)", f"{load}; {load_average()}"))
     info.insert(2, ("commit", commit.stdout.strip() or "unknown"))
     if args.tracekit != run.ROOT_TRACEKIT:
         info.append(("tracekit executable", args.tracekit))
