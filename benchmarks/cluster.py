@@ -294,7 +294,7 @@ def targets(rows, args):
             s = (hta.wall or args.hta_timeout) / best
             detail = f"{s:.1f}x, {name}" if hta.wall else f"> {s:.1f}x, HTA killed at {args.hta_timeout} s"
             ok = f"{verdict(s >= TARGET_HTA_SPEEDUP)} " if n == 64 else ""
-            lines.append(f"{label}: {ok}({detail})")
+            lines.append(f"{label}: {ok}({detail})" if ok else f"{label}: {detail.replace(', ', ' (', 1)})")
         else:
             lines.append(f"{label}: n/a ({hta.error})")
 
