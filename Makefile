@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_TRACE := sample_traces/gpu_prefill_decode_eager.json.gz
 
-.PHONY: demo test bench bench-formats parity docs clean
+.PHONY: demo test bench bench-cluster bench-formats parity docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ test: $(VENV)/.installed-dev
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/run.py
+
+bench-cluster: $(VENV)/.installed
+	$(BIN)/python benchmarks/cluster.py
 
 bench-formats: $(VENV)/.installed
 	$(BIN)/python benchmarks/formats.py

@@ -1,0 +1,418 @@
+"""Cluster scale: tracekit on rank sets of 8 to 4096 ranks, HolisticTraceAnalysis beside it.
+
+    python benchmarks/cluster.py [--sizes 8 64 256 512] [--hta-sizes 8 64 512] [--hta-timeout 600]
+
+For each size N the rank set is built if missing (make_rank_set.py: real rank-matrix traces, cell
+slow_compute, `--steps 8` so ~0.9 MB of JSON a rank, the slow rank injected at N // 3), then each of
+these runs as one fresh process pinned to `--cores` CPUs, timed spawn to exit, peak RSS from os.wait4
+(run.py's `measure`):
+
+- `tracekit analyze <set>/rank*.json.gz --format json` (in-process), and with `--workers 1` and
+  `--workers 2` when `tracekit analyze --help` lists `--workers` (else "n/a: flag not available");
+- `tracekit analyze <largest rank file> --format json`: the one-rank reference for the memory a worker
+  may take;
+- HTA 0.5 `TraceAnalysis(trace_dir=<set>)` for the `--hta-sizes` (it finds each file's rank from
+  distributedInfo and parses the ranks in a process pool), checked to hold N ranks.
+
+From each tracekit report: whether a finding of a cross-rank rule (code R...) names the injected rank
+in `locality.rank`, and whether it names the cause; the per-worker peak RSS and the reduce time when
+the report has them (`cluster.workers[].peak_rss_mb`, `cluster.reduce_seconds`). Prints a markdown
+section and writes it as "## Cluster scale" into RESULTS.md (the section replaced if present, else
+appended at the end of the file, where `make bench` keeps it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import make_rank_set
+import run
+
+HEADING = "## Cluster scale"
+run.ROOT_TRACEKIT = run.TRACEKIT
+DEFAULT_SIZES = [8, 64, 256, 512]
+DEFAULT_HTA_SIZES = [8, 64, 512]
+TARGET_256_S = 15.0  # 256 ranks, --workers 2
+TARGET_HTA_SPEEDUP = 5.0  # HTA / tracekit, 64 ranks
+TARGET_WORKER_RSS = 1.5  # worker peak RSS / one-rank analyze of the largest rank file
+TARGET_REDUCE_S = 10.0  # reduce step at 4096 ranks
+MAX_FINDINGS = 200  # so that a cross-rank finding is never cut from the report at 4096 ranks
+
+HTA_DIR_CODE = (
+    "import sys\n"
+    "from hta.trace_analysis import TraceAnalysis\n"
+    "t = TraceAnalysis(trace_dir=sys.argv[1])\n"
+    "n = len(t.t.traces)\n"
+    "assert n == int(sys.argv[2]), f'HTA parsed {n} ranks of {sys.argv[2]}'\n"
+)
+
+# words a finding must use to name the injected cause, by the cell's kind
+CAUSE_WORDS = {
+    "slow_compute": ("extra_compute", "compute"),
+    "slow_host": ("dataloader", "host", "data load"),
+    "late_start": ("late", "start", "arriv"),
+}
+
+# tracekit variants: (key, header, extra arguments)
+VARIANTS = [
+    ("inproc", "in-process", []),
+    ("w1", "--workers 1", ["--workers", "1"]),
+    ("w2", "--workers 2", ["--workers", "2"]),
+]
+
+
+def analyze_flags() -> set[str]:
+    r = subprocess.run([run.TRACEKIT, "analyze", "--help"], capture_output=True, text=True)
+    return {f for f in ("--workers", "--scheduler") if f in r.stdout}
+
+
+def cross_rank_rules() -> list[str]:
+    r = subprocess.run([run.TRACEKIT, "rules", "--format", "json"], capture_output=True, text=True)
+    try:
+        rules = json.loads(r.stdout)
+    except ValueError:
+        return []
+    return sorted(x["code"] for x in rules if str(x.get("code", "")).startswith("R"))
+
+
+def straggler_verdict(report: dict | None, desc: dict, r_rules: list[str]) -> tuple[bool | None, str]:
+    """(found with rank and cause, text) from a tracekit JSON report."""
+    if report is None:
+        return None, "n/a"
+    if not r_rules:
+        return None, "no cross-rank rule yet"
+    if not desc.get("injected"):
+        return None, "no straggler injected"
+    k = desc["slow_rank"]
+    words = CAUSE_WORDS.get(desc["injected"]["kind"], ())
+    findings = [f for f in report.get("findings", []) if str(f.get("rule", "")).startswith("R")]
+    named = [f for f in findings if (f.get("locality") or {}).get("rank") == k]
+    if not named:
+        ranks = sorted({(f.get("locality") or {}).get("rank") for f in findings}, key=str)
+        return False, f"not found (R findings: {len(findings)}, ranks {ranks[:6]})"
+    for f in named:
+        text = json.dumps(
+            [f.get("title"), f.get("hypothesis"), f.get("locality"), f.get("evidence", {}).get("details")]
+        ).lower()
+        hit = next((w for w in words if w in text), None)
+        if hit:
+            return True, f"found: {f['rule']} rank {k}, cause ({hit})"
+    f = named[0]
+    return False, f"rank {k} found ({f['rule']}: {str(f.get('title'))[:60]}), cause not named"
+
+
+def cluster_stats(report: dict | None) -> tuple[float | None, float | None]:
+    """(max worker peak RSS MB, reduce seconds) from the report's `cluster` key, when it has one."""
+    c = (report or {}).get("cluster")
+    if not isinstance(c, dict):
+        return None, None
+    rss = [w.get("peak_rss_mb") for w in c.get("workers") or [] if isinstance(w, dict)]
+    rss = [x for x in rss if isinstance(x, (int, float))]
+    red = c.get("reduce_seconds")
+    return (max(rss) if rss else None), (red if isinstance(red, (int, float)) else None)
+
+
+def run_tracekit(files, extra, args):
+    """Measure one analyze; return (Result, report dict or None)."""
+    fd, out = tempfile.mkstemp(prefix="tracekit-cluster-", suffix=".json")
+    os.close(fd)
+    try:
+        cmd = [run.TRACEKIT, "analyze", *files, "--format", "json", "--max-findings", str(MAX_FINDINGS), "-o", out]
+        res = run.measure(cmd + extra, args.cores, args.timeout)
+        report = None
+        if res.error is None:
+            try:
+                with open(out) as f:
+                    report = json.load(f)
+            except ValueError as e:
+                res = run.Result(error=f"report not JSON: {e}")
+        return res, report
+    finally:
+        os.remove(out)
+
+
+def run_size(n, args, flags, r_rules):
+    print(f"{n} ranks: building the set ...", file=sys.stderr, flush=True)
+    desc = make_rank_set.build(n, cell=args.cell, steps=args.steps, seed=args.seed, jobs=args.cores, quiet=True)
+    folder = desc["folder"]
+    files = [os.path.join(folder, f) for f in desc["files"]]
+    row = {"n": n, "desc": desc, "res": {}, "verdict": {}, "cluster": {}}
+    for key, _, extra in VARIANTS:
+        if extra and "--workers" not in flags:
+            row["res"][key] = run.Result(error="n/a: flag not available")
+            continue
+        print(f"{n} ranks: tracekit {' '.join(extra) or 'in-process'} ...", file=sys.stderr, flush=True)
+        res, report = run_tracekit(files, extra, args)
+        row["res"][key] = res
+        row["verdict"][key] = straggler_verdict(report, desc, r_rules)
+        row["cluster"][key] = cluster_stats(report)
+    largest = max(files, key=lambda p: desc["raw_json_bytes"][desc["files"].index(os.path.basename(p))])
+    row["res"]["one"], _ = run_tracekit([largest], [], args)
+    if n in args.hta_sizes:
+        if args.hta_error:
+            row["res"]["hta"] = run.Result(error=args.hta_error)
+        else:
+            print(f"{n} ranks: HTA ...", file=sys.stderr, flush=True)
+            row["res"]["hta"] = run.measure(
+                [run.HTA_PY, "-c", HTA_DIR_CODE, folder, str(n)], args.cores, args.hta_timeout
+            )
+    else:
+        row["res"]["hta"] = run.Result(error="not run (--hta-sizes)")
+    return row
+
+
+def fmt(r: run.Result, what: str, timeout: int) -> str:
+    if r.error is None:
+        return f"{r.wall:.2f}" if what == "wall" else f"{r.rss / 1e6:.0f}"
+    if r.error.startswith("killed") and what == "wall":
+        return f"> {timeout} s"
+    return r.error.replace("|", "\\|")[:80]
+
+
+def best_tracekit(row):
+    """(header, wall) of the fastest tracekit variant that ran."""
+    ran = [(h, row["res"][k].wall) for k, h, _ in VARIANTS if row["res"][k].wall is not None]
+    return min(ran, key=lambda x: x[1]) if ran else (None, None)
+
+
+def verdict(ok):
+    return "n/a" if ok is None else ("**met**" if ok else "**NOT met**")
+
+
+def report(rows, info, args, flags, r_rules):
+    heads = [h for _, h, _ in VARIANTS]
+    out = [
+        HEADING,
+        "",
+        "`benchmarks/cluster.py` (`make bench-cluster`). One run; each cell is one fresh process pinned to "
+        f"{args.cores} cores, wall time from spawn to exit, peak RSS from os.wait4: the largest single process "
+        "among it and the children it reaped (HTA's parser pool, tracekit's workers), not their sum; after one untimed warm-up of each tool on the smallest set. "
+        "MB = 10^6 bytes. Rank sets from `make_rank_set.py`: copies of the real eight-rank gloo CPU runs of "
+        f"`tests/data/rank_matrix` (cell `{args.cell}`, first {args.steps} steps of each rank, seed "
+        f"{args.seed}), relabelled to N ranks with distinct pids and clocks shifted by up to +-50 ms, the "
+        "cell's slow rank injected at N // 3 and the other ranks cycled. tracekit: "
+        f"`tracekit analyze <set>/rank*.json.gz --format json --max-findings {MAX_FINDINGS}`; HTA 0.5: "
+        "`TraceAnalysis(trace_dir=<set>)`, checked to hold N ranks.",
+        "",
+        "| machine | |",
+        "|---|---|",
+    ]
+    out += [f"| {k} | {v} |" for k, v in info]
+    out += [
+        f"| tracekit analyze flags | {', '.join(sorted(flags)) or 'no --workers / --scheduler (in-process only)'} |",
+        f"| cross-rank rules | {', '.join(r_rules) or 'none'} |",
+        "",
+        "### Wall time (s)",
+        "",
+        "| ranks | JSON MB (largest rank) | set build s | tracekit "
+        + " | tracekit ".join(heads)
+        + " | HTA load | HTA / fastest tracekit |",
+        "|---:|---:|---:|" + "---:|" * (len(heads) + 2),
+    ]
+    for row in rows:
+        d, res = row["desc"], row["res"]
+        name, best = best_tracekit(row)
+        ratio = f"{res['hta'].wall / best:.1f}x ({name})" if res["hta"].wall and best else "n/a"
+        if res["hta"].error and res["hta"].error.startswith("killed") and best:
+            ratio = f"> {args.hta_timeout / best:.1f}x ({name})"
+        out.append(
+            f"| {row['n']} | {d['total_raw_json_bytes'] / 1e6:.0f} ({d['largest_raw_json_bytes'] / 1e6:.2f}) | "
+            f"{d['build_seconds']:.1f} | "
+            + " | ".join(fmt(res[k], "wall", args.timeout) for k, _, _ in VARIANTS)
+            + f" | {fmt(res['hta'], 'wall', args.hta_timeout)} | {ratio} |"
+        )
+    out += [
+        "",
+        "### Peak RSS (MB)",
+        "",
+        "| ranks | tracekit "
+        + " | tracekit ".join(heads)
+        + " | HTA load | one-rank analyze (largest file) | max worker peak RSS | reduce s |",
+        "|---:|" + "---:|" * (len(heads) + 4),
+    ]
+    for row in rows:
+        res = row["res"]
+        wrss = [row["cluster"][k][0] for k in ("w1", "w2") if k in row["cluster"] and row["cluster"][k][0] is not None]
+        red = [row["cluster"][k][1] for k in ("w1", "w2") if k in row["cluster"] and row["cluster"][k][1] is not None]
+        out.append(
+            f"| {row['n']} | "
+            + " | ".join(fmt(res[k], "rss", 0) for k, _, _ in VARIANTS)
+            + f" | {fmt(res['hta'], 'rss', 0)} | {fmt(res['one'], 'rss', 0)} | "
+            + (f"{max(wrss):.0f}" if wrss else "n/a")
+            + " | "
+            + (f"{max(red):.2f}" if red else "n/a")
+            + " |"
+        )
+    out += ["", "### Injected straggler", "", "| ranks | straggler | " + " | ".join(heads) + " |"]
+    out += ["|---:|---|" + "---|" * len(heads)]
+    for row in rows:
+        d = row["desc"]
+        inj = d["injected"]
+        what = f"rank {d['slow_rank']} ({inj['kind']}, {inj['source']})" if inj else "none"
+        out.append(
+            f"| {row['n']} | {what} | "
+            + " | ".join(row["verdict"].get(k, (None, "n/a"))[1].replace("|", "\\|") for k, _, _ in VARIANTS)
+            + " |"
+        )
+    out += ["", "### Targets", ""] + targets(rows, args) + [""]
+    return "\n".join(out)
+
+
+def targets(rows, args):
+    by_n = {row["n"]: row for row in rows}
+    lines = []
+
+    r = by_n.get(256)
+    w2 = r["res"]["w2"] if r else None
+    if w2 is None:
+        lines.append(f"- 256 ranks in < {TARGET_256_S:.0f} s with `--workers 2`: not measured (256 not in --sizes)")
+    elif w2.wall is None:
+        lines.append(
+            f"- 256 ranks in < {TARGET_256_S:.0f} s with `--workers 2`: n/a ({w2.error.removeprefix('n/a: ')})"
+        )
+    else:
+        lines.append(
+            f"- 256 ranks in < {TARGET_256_S:.0f} s with `--workers 2`: {verdict(w2.wall < TARGET_256_S)} ({w2.wall:.1f} s)"
+        )
+
+    for n in (64, 512):
+        r = by_n.get(n)
+        name, best = best_tracekit(r) if r else (None, None)
+        hta = r["res"]["hta"] if r else None
+        label = f"- tracekit >= {TARGET_HTA_SPEEDUP:.0f}x faster than HTA on {n} ranks"
+        if n == 512:
+            label = f"- HTA / tracekit on {n} ranks (no target)"
+        if r is None or hta is None or best is None:
+            lines.append(f"{label}: not measured")
+        elif hta.wall or hta.error.startswith("killed"):
+            s = (hta.wall or args.hta_timeout) / best
+            detail = f"{s:.1f}x, {name}" if hta.wall else f"> {s:.1f}x, HTA killed at {args.hta_timeout} s"
+            ok = f"{verdict(s >= TARGET_HTA_SPEEDUP)} " if n == 64 else ""
+            lines.append(f"{label}: {ok}({detail})" if ok else f"{label}: {detail.replace(', ', ' (', 1)})")
+        else:
+            lines.append(f"{label}: n/a ({hta.error})")
+
+    checks = []
+    for row in rows:
+        ref = row["res"]["one"].rss
+        for k in ("w1", "w2"):
+            wrss = row["cluster"].get(k, (None, None))[0]
+            if wrss is not None and ref:
+                checks.append((row["n"], k, wrss * 1e6 / ref))
+    if checks:
+        worst = max(checks, key=lambda c: c[2])
+        lines.append(
+            f"- worker peak RSS <= {TARGET_WORKER_RSS}x a one-rank analyze of the largest rank file, every size: "
+            f"{verdict(worst[2] <= TARGET_WORKER_RSS)} (worst {worst[2]:.2f}x at {worst[0]} ranks)"
+        )
+    else:
+        lines.append("- worker peak RSS bounded by the largest rank file: n/a (no per-worker RSS in the report)")
+
+    r = by_n.get(4096)
+    red = (
+        [r["cluster"][k][1] for k in ("w1", "w2") if r and r["cluster"].get(k, (None, None))[1] is not None]
+        if r
+        else []
+    )
+    if r is None:
+        lines.append(f"- reduce step < {TARGET_REDUCE_S:.0f} s at 4096 ranks: not measured (4096 not in --sizes)")
+    elif not red:
+        lines.append(f"- reduce step < {TARGET_REDUCE_S:.0f} s at 4096 ranks: n/a (no reduce time in the report)")
+    else:
+        lines.append(
+            f"- reduce step < {TARGET_REDUCE_S:.0f} s at 4096 ranks: {verdict(max(red) < TARGET_REDUCE_S)} ({max(red):.2f} s)"
+        )
+
+    found = [v for row in rows for v in row["verdict"].values()]
+    oks = [ok for ok, _ in found if ok is not None]
+    why = next((t for ok, t in found if ok is None), "")
+    if oks:
+        lines.append(f"- injected straggler found with its rank and cause at every size: {verdict(all(oks))}")
+    else:
+        lines.append(f"- injected straggler found with its rank and cause at every size: n/a ({why or 'not measured'})")
+    return lines
+
+
+def write_section(path, text):
+    """Replace the "## Cluster scale" section of path (up to the next # or ## heading), else append it."""
+    previous = open(path).read() if os.path.exists(path) else ""
+    lines = previous.splitlines(keepends=True)
+    start = next((i for i, line in enumerate(lines) if line.rstrip() == HEADING), None)
+    if start is None:
+        body = previous.rstrip() + "\n\n" + text.rstrip() + "\n" if previous else text.rstrip() + "\n"
+    else:
+        end = next(
+            (i for i in range(start + 1, len(lines)) if lines[i].startswith("# ") or lines[i].startswith("## ")),
+            len(lines),
+        )
+        rest = "".join(lines[end:])
+        body = "".join(lines[:start]) + text.rstrip() + "\n" + ("\n" + rest if rest else "")
+    with open(path, "w") as f:
+        f.write(body)
+
+
+def load_average():
+    with open("/proc/loadavg") as f:
+        return " / ".join(f.read().split()[:3])
+
+
+def main():
+    ap = argparse.ArgumentParser(description="tracekit on many ranks, HTA beside it")
+    ap.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="rank counts")
+    ap.add_argument("--hta-sizes", type=int, nargs="*", default=DEFAULT_HTA_SIZES, help="rank counts HTA runs on")
+    ap.add_argument("--timeout", type=int, default=1800, help="seconds per tracekit process")
+    ap.add_argument("--hta-timeout", type=int, default=600, help="seconds per HTA process (shown as '> T s')")
+    ap.add_argument("--hta-python", default=run.HTA_PY, help="python of a venv with HTA 0.5 (default run.py's)")
+    ap.add_argument("--tracekit", default=run.TRACEKIT, help="tracekit executable (default this tree's .venv)")
+    ap.add_argument("--cell", default="slow_compute", help="rank-matrix cell the sets are made of")
+    ap.add_argument("--steps", type=int, default=8, help="ProfilerStep windows kept per rank (8: ~0.9 MB JSON)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cores", type=int, default=2, help="CPUs each run is pinned to (the targets are stated for 2)")
+    ap.add_argument("--out", default=os.path.join(run.HERE, "RESULTS.md"), help="results file ('-': print only)")
+    args = ap.parse_args()
+
+    run.TRACEKIT = args.tracekit
+    if not os.path.exists(run.TRACEKIT):
+        sys.exit(f"no tracekit at {run.TRACEKIT}: make .venv/.installed first")
+    default_hta = args.hta_python == run.HTA_PY
+    run.HTA_PY = args.hta_python  # measure and machine_info read the module's
+    args.hta_error = None
+    if args.hta_sizes:
+        args.hta_error = (
+            run.ensure_hta() if default_hta else (None if os.path.exists(args.hta_python) else f"no {args.hta_python}")
+        )
+    flags = analyze_flags()
+    r_rules = cross_rank_rules()
+    load = load_average()
+
+    # untimed warm-up of each tool on the smallest set, so that no first timed run pays for loading its libraries
+    small = min(args.sizes)
+    desc = make_rank_set.build(small, cell=args.cell, steps=args.steps, seed=args.seed, jobs=args.cores, quiet=True)
+    files = sorted(glob.glob(os.path.join(desc["folder"], "rank*.json.gz")))
+    for _, _, extra in VARIANTS:
+        if not extra or "--workers" in flags:
+            run_tracekit(files, extra, args)
+    if args.hta_sizes and not args.hta_error:
+        run.measure([run.HTA_PY, "-c", HTA_DIR_CODE, desc["folder"], str(small)], args.cores, args.hta_timeout)
+
+    rows = [run_size(n, args, flags, r_rules) for n in args.sizes]
+    commit = subprocess.run(["git", "-C", run.ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    info = run.machine_info(args.cores)
+    info.insert(1, ("load average at start; end (1/5/15 min)", f"{load}; {load_average()}"))
+    info.insert(2, ("commit", commit.stdout.strip() or "unknown"))
+    if args.tracekit != run.ROOT_TRACEKIT:
+        info.append(("tracekit executable", args.tracekit))
+    text = report(rows, info, args, flags, r_rules)
+    print(text)
+    if args.out != "-":
+        write_section(args.out, text)
+
+
+if __name__ == "__main__":
+    main()
