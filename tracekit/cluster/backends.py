@@ -95,10 +95,15 @@ class DaskBackend:
                 )
                 self.client = distributed.Client(self.cluster)
                 self.name = "dask LocalCluster"
-        except (OSError, TimeoutError) as e:
+        except Exception as e:  # OSError, TimeoutError, a nanny that failed to start: one line, not a traceback
             if self.cluster is not None:
                 self.cluster.close()
-            raise TracekitError(f"cannot reach the Dask scheduler {scheduler or '(local)'}: {_error(e)}") from None
+            where = (
+                f"reach the Dask scheduler {scheduler}"
+                if scheduler
+                else f"start a local Dask cluster of {workers} workers"
+            )
+            raise TracekitError(f"cannot {where}: {_error(e)}") from None
         self.workers = len(self.client.scheduler_info().get("workers", {}))
 
     def __enter__(self):
@@ -111,10 +116,7 @@ class DaskBackend:
         return False
 
     def ingest(self, chunks, **options) -> list:
-        futures = [
-            self.client.submit(_on_worker, work.ingest_chunk, chunk, pure=False, **options)
-            for chunk in chunks
-        ]
+        futures = [self.client.submit(_on_worker, work.ingest_chunk, chunk, pure=False, **options) for chunk in chunks]
         return self._gather(futures, [None] * len(futures))
 
     def analyze(self, jobs, collectives, rules, params) -> list:

@@ -94,15 +94,15 @@ def analyze_job(
         missing += [{"path": p, "error": f"analysis of its chunk failed: {outcome}"}
                     for p in item.chunk.paths if p not in failed]  # fmt: skip
     if not analyzed:
-        first = missing[0] if missing else {"path": "inputs", "error": "no runs"}
-        raise TracekitError(f"{first['path']}: nothing could be analysed ({first['error']})")
+        first = missing_line(missing[0]) if missing else "the inputs made no runs"
+        raise TracekitError(f"nothing could be analysed: {first}")
     map_seconds = time.perf_counter() - started
     reduced = time.perf_counter()
     job_records, job_notes = reduce.job_analysis(analyzed, rules, params)
     records, notes = reduce.merge(analyzed, job_records, job_notes, rules)
     reduce_seconds = time.perf_counter() - reduced
     notes += [{"rule": "cluster", "run_id": None,
-               "message": f"{m['path']}: not analysed ({m['error']}); the findings are those of the other inputs"}
+               "message": f"not analysed: {missing_line(m)}; the findings are those of the other inputs"}
               for m in missing]  # fmt: skip
     runs = sorted((r for a in analyzed for r in a.report_runs), key=lambda r: r["run_id"])
     summary = {**analyzed[0].summary, "runs": sorted((r for a in analyzed for r in a.summary["runs"]),
@@ -120,6 +120,12 @@ def analyze_job(
         "missing": missing,
     }
     return JobResult(records, notes, missing, cluster, runs, summary)
+
+
+def missing_line(missing: dict) -> str:
+    """An input left out and why, naming the file once (a reader's error names it already)."""
+    error = missing["error"]
+    return error if missing["path"] in error else f"{missing['path']}: {error}"
 
 
 def _peaks(*phases) -> dict[str, float]:

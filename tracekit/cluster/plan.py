@@ -28,43 +28,31 @@ class Chunk:
     index: int
     first: int
     paths: tuple[str, ...]
-    notes: tuple[dict, ...] = ()  # per input: its folder, for its ingest_log row (as tracekit.open notes it)
 
 
-def expand_inputs(inputs) -> tuple[list[Path], list[dict]]:
-    """Every input file in ingest order (folders replaced by their trace files), with the note on
-    the folder each came from ({} for a file given as itself)."""
+def expand_inputs(inputs) -> list[Path]:
+    """Every input file in ingest order, folders replaced by their trace files."""
     from tracekit.ingest.inputs import expand
 
     files: list[Path] = []
-    notes: list[dict] = []
     for raw in inputs:
         path = Path(raw)
-        if path.is_dir():
-            for item in expand([path]):
-                files.append(item.path)
-                notes.append(item.notes)
-        else:
-            files.append(path)
-            notes.append({})
-    return files, notes
+        files += [item.path for item in expand([path])] if path.is_dir() else [path]
+    return files
 
 
 def plan(inputs, chunk_size: int = DEFAULT_CHUNK_SIZE) -> list[Chunk]:
     """The chunks of a job: consecutive inputs, `chunk_size` of them each (the last may hold fewer)."""
     if chunk_size < 1:
         raise TracekitError("chunk size must be at least 1")
-    files, notes = expand_inputs(inputs)
+    from tracekit.api import is_database
+
+    files = expand_inputs(inputs)
     if not files:
         raise TracekitError("no inputs to analyse")
-    if any(_is_database(p) for p in files):
-        raise TracekitError("a cluster run reads trace files, not a .duckdb database")
+    if any(is_database(p) for p in files):
+        raise TracekitError("the map/reduce path reads trace files, not a .duckdb database")
     return [
-        Chunk(i, start, tuple(str(p) for p in files[start : start + chunk_size]),
-              tuple(notes[start : start + chunk_size]))  # fmt: skip
+        Chunk(i, start, tuple(str(p) for p in files[start : start + chunk_size]))
         for i, start in enumerate(range(0, len(files), chunk_size))
     ]
-
-
-def _is_database(path: Path) -> bool:
-    return path.suffix == ".duckdb"

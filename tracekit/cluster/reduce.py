@@ -133,9 +133,13 @@ def merge(analyzed: list[Analyzed], job_records: list[dict], job_notes: list[dic
             notes += [n for n in job_notes if n["rule"] == rule.code]
             continue
         lacking = [a.missing.get(rule.code) or [] for a in parts]
-        everywhere = [m for m in (lacking[0] if lacking else []) if all(_relation(m) in map(_relation, o) for o in lacking)]
+        everywhere = [
+            m for m in (lacking[0] if lacking else []) if all(_relation(m) in map(_relation, o) for o in lacking)
+        ]
         if parts and everywhere:
-            notes.append({"rule": rule.code, "run_id": None, "message": f"{rule.name} not run: needs {', '.join(everywhere)}"})
+            notes.append(
+                {"rule": rule.code, "run_id": None, "message": f"{rule.name} not run: needs {', '.join(everywhere)}"}
+            )
             continue
         said = {}
         for a, lacks in zip(parts, lacking):

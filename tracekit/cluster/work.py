@@ -158,7 +158,7 @@ def analyze_chunk(
         try:
             con = trace.connection
             renumber(con, {int(k): int(v) for k, v in remap.items()})
-            own = [r for r, in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+            own = [r for (r,) in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
             _insert_peers(con, collectives, own)
             trace = trace.select()
             # the views most rules and the summaries read, computed once for both (the analysis
