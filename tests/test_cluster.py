@@ -190,3 +190,29 @@ def test_help_and_the_in_process_path_do_not_import_dask():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_worker_that_dies_between_the_phases_leaves_its_chunks_out(scheduler):
+    """Phase 2 runs where the chunk's database is; once that worker is gone, its chunks are given up
+    (not waited for forever) and the other chunks are analysed."""
+    import contextlib
+    import os
+
+    from tracekit.cluster import backends, reduce
+    from tracekit.cluster.plan import plan
+    from tracekit.cluster.work import Analyzed, Ingested
+
+    with backends.DaskBackend(scheduler=scheduler) as backend:
+        ingested = backend.ingest(plan(GLOO, chunk_size=1))
+        assert all(isinstance(i, Ingested) and i.worker for i in ingested)
+        victim = ingested[-1].worker
+        with contextlib.suppress(Exception):  # the worker's connection drops as it exits
+            backend.client.run(os._exit, 1, workers=[victim])
+        n = reduce.number(ingested)
+        jobs = [(i, n.remaps[i.chunk.index], n.event_bases[i.chunk.index]) for i in ingested]
+        outcomes = backend.analyze(jobs, n.collectives, None, None)
+    for item, outcome in zip(ingested, outcomes):
+        if item.worker == victim:
+            assert isinstance(outcome, str) and victim in outcome and "gone" in outcome
+        else:
+            assert isinstance(outcome, Analyzed) and outcome.records

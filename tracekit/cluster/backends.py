@@ -87,7 +87,7 @@ class DaskBackend:
         self.cluster = None
         try:
             if scheduler:
-                self.client = distributed.Client(scheduler, timeout="30s")
+                self.client = distributed.Client(scheduler, timeout="15s")
                 self.name = f"dask scheduler {scheduler}"
             else:
                 self.cluster = distributed.LocalCluster(
