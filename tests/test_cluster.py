@@ -79,7 +79,7 @@ def test_slow_compute_same_findings_and_notes_in_process_and_on_dask(job_rules, 
     in_process = tracekit.analyze_job(SLOW_COMPUTE, chunk_size=3)  # chunks of 3, 3 and 2 ranks
     assert (in_process.records, in_process.notes) == (records, notes)
     assert in_process.cluster["chunks"] == 3 and in_process.missing == []
-    on_dask = tracekit.analyze_job(SLOW_COMPUTE, chunk_size=3, scheduler=scheduler)
+    on_dask = tracekit.analyze_job(SLOW_COMPUTE, chunk_size=4, scheduler=scheduler)  # one chunk per worker
     assert (on_dask.records, on_dask.notes) == (records, notes)
     assert on_dask.cluster["workers"] == 2 and len(on_dask.cluster["peak_rss_mb"]) == 2
     assert all(mb > 50 for mb in on_dask.cluster["peak_rss_mb"].values())
@@ -184,7 +184,7 @@ def test_help_and_the_in_process_path_do_not_import_dask():
         "import sys, tracekit.cli.app\n"
         "assert not {'dask', 'distributed'} & set(sys.modules), 'cli'\n"
         "import tracekit\n"
-        f"job = tracekit.analyze_job({[str(p) for p in GLOO]!r})\n"
+        f"job = tracekit.analyze_job([{str(GLOO[1])!r}])\n"
         "assert job.cluster['backend'] == 'in-process' and job.records\n"
         "assert not {'dask', 'distributed'} & set(sys.modules), 'in-process'\n"
     )
@@ -216,3 +216,23 @@ def test_a_worker_that_dies_between_the_phases_leaves_its_chunks_out(scheduler):
             assert isinstance(outcome, str) and victim in outcome and "gone" in outcome
         else:
             assert isinstance(outcome, Analyzed) and outcome.records
+
+
+def test_a_file_of_two_ranks_shifts_the_next_chunks_run_ids(tmp_path):
+    """An Nsight Systems export of two processes makes two runs: the chunk after it started its ids
+    one too low, and the reducer's renumbering gives every run the id one database gives it."""
+    import shutil
+
+    from tests.conftest import corpus
+    from tests.test_nsys_ranks import SAXPY, _second_process
+
+    two = tmp_path / "saxpy_two_ranks.sqlite"
+    shutil.copy(corpus(SAXPY), two)
+    _second_process(two)
+    paths = [two, corpus(SAXPY)]
+    records, notes = single(paths)
+    job = tracekit.analyze_job(paths, chunk_size=1)
+    assert [r["run_id"] for r in job.runs] == [1, 2, 3]
+    assert [Path(r["source"]).name for r in job.runs] == [two.name, two.name, SAXPY]
+    assert job.records and any(r["locality"].get("run_id") == 3 for r in job.records)
+    assert (job.records, job.notes) == (records, notes)
