@@ -87,7 +87,11 @@ def test_slow_compute_same_findings_and_notes_in_process_and_on_dask(job_rules, 
 
 
 def test_tp2_pair_one_rank_per_chunk_matches_through_peer_collectives(scheduler):
+    from tracekit.render.report import REPORT_FORMATS
+
     records, notes = single(TP2)
+    with tracekit.open(*TP2) as trace:
+        report = trace.report_document()
     c001 = [r for r in records if r["rule"] == "C001"]
     assert c001 and "cross_rank" in c001[0]["evidence"]["details"]  # the split needs the other rank
     assert any(r["locality"]["rank"] == 1 for r in records)  # rank 1's event ids are past rank 0's
@@ -95,6 +99,21 @@ def test_tp2_pair_one_rank_per_chunk_matches_through_peer_collectives(scheduler)
         job = tracekit.analyze_job(TP2, chunk_size=1, **options)
         assert job.records == records
         assert job.notes == notes
+    document = job.report_document()
+    assert document.pop("cluster")["chunks"] == 2
+    assert document == report  # runs, summary and counts too: every --format prints the same
+    for fmt in REPORT_FORMATS:
+        assert _rendered(document, fmt) == _rendered(report, fmt)
+
+
+def _rendered(report: dict, fmt: str) -> str:
+    import io
+
+    from tracekit.render.report import render
+
+    out = io.StringIO()
+    render(report, fmt, out)
+    return out.getvalue()
 
 
 def test_a_worker_without_peers_would_not_split_c001():
