@@ -161,6 +161,9 @@ def analyze_chunk(
             own = [r for (r,) in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
             _insert_peers(con, collectives, own)
             trace = trace.select()
+            select = [get_rule(k) for k in _rule_keys(rules)] or all_rules()
+            # the summaries only when a job rule will read them (their rows, else their columns)
+            cut = "" if any(r.scope == "job" for r in select) else " LIMIT 0"
             # the views most rules and the summaries read, computed once for both (the analysis
             # reuses these tables: see engine.shared_views)
             with computed_once(con):
@@ -169,11 +172,10 @@ def analyze_chunk(
                 for name in SUMMARIES:
                     shift = "event_id + $base AS event_id" if name == "rank_collectives" else None
                     columns = f"* REPLACE ({shift})" if shift else "*"
-                    query = f"SELECT {columns} FROM {name} ORDER BY ALL"
+                    query = f"SELECT {columns} FROM {name} ORDER BY ALL{cut}"
                     tables[name] = table(con, query, {"base": event_base} if shift else None)
             records = [shift_event_ids(f.as_dict(), event_base) for f in analysis.findings]
             notes = [n.as_dict() for n in analysis.notes]
-            select = [get_rule(k) for k in _rule_keys(rules)] or all_rules()
             missing = {r.code: missing_inputs(con, r) for r in select if r.scope == "run"}
             report_runs = runs_section(con)
             summary = trace.summary()
