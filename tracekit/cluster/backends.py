@@ -52,11 +52,11 @@ class InProcessBackend:
                 out.append(_crash_line(e))
         return out
 
-    def analyze(self, jobs, collectives, rules, params) -> list:
+    def analyze(self, jobs, collectives, rules, params, summaries=True) -> list:
         out = []
         for ingested, remap, base in jobs:
             try:
-                out.append(work.analyze_chunk(ingested, collectives, remap, base, rules, params))
+                out.append(work.analyze_chunk(ingested, collectives, remap, base, rules, params, summaries))
             except Exception as e:
                 out.append(_crash_line(e))
         return out
@@ -119,12 +119,12 @@ class DaskBackend:
         futures = [self.client.submit(_on_worker, work.ingest_chunk, chunk, pure=False, **options) for chunk in chunks]
         return self._gather(futures, [None] * len(futures))
 
-    def analyze(self, jobs, collectives, rules, params) -> list:
+    def analyze(self, jobs, collectives, rules, params, summaries=True) -> list:
         shared = self.client.scatter(collectives, broadcast=True) if collectives is not None else None
         futures, pinned = [], []
         for ingested, remap, base in jobs:
             futures.append(self.client.submit(
-                _on_worker, work.analyze_chunk, ingested, shared, remap, base, rules, params, pure=False,
+                _on_worker, work.analyze_chunk, ingested, shared, remap, base, rules, params, summaries, pure=False,
                 workers=[ingested.worker], allow_other_workers=False,
             ))  # fmt: skip
             pinned.append(ingested.worker)

@@ -81,7 +81,8 @@ def analyze_job(
                 missing += [{"path": p, "error": f"ingest of its chunk failed: {item}"} for p in chunk.paths]
         numbering = reduce.number(good)
         jobs = [(i, numbering.remaps[i.chunk.index], numbering.event_bases[i.chunk.index]) for i in good]
-        outcomes = backend.analyze(jobs, numbering.collectives, rules, params) if jobs else []
+        summaries = reduce.runs_job_rules(rules)
+        outcomes = backend.analyze(jobs, numbering.collectives, rules, params, summaries) if jobs else []
         worker_count = backend.workers
         backend_name = backend.name
     analyzed: list[Analyzed] = []

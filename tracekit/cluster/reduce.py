@@ -66,6 +66,14 @@ def _renumbered(table, remap: dict[int, int], event_base: int):
     return table
 
 
+def runs_job_rules(rules=None) -> bool:
+    """Whether the selection holds a "job" rule, which reads the summaries' rows in the reducer."""
+    from tracekit.engine.registry import all_rules, get_rule
+
+    keys = [k.strip() for k in rules.split(",")] if isinstance(rules, str) else list(rules or [])
+    return any(r.scope == "job" for r in ([get_rule(k) for k in keys if k] or all_rules()))
+
+
 def job_database(analyzed: list[Analyzed]):
     """The reducer's Trace: an in-memory database of the summaries alone (see the module doc)."""
     import pyarrow as pa

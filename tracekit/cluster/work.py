@@ -140,11 +140,14 @@ def analyze_chunk(
     event_base: int,
     rules=None,
     params=None,
+    summaries: bool = True,
 ) -> Analyzed:
     """Phase 2: on the worker that holds the chunk's database. `collectives`: every chunk's
     `rank_collectives` rows with job-wide ids (this chunk's own rows are left out here); `remap`:
     the chunk's run ids as ingested -> job-wide ones; `event_base`: the events of the chunks before
-    it. The database is deleted once its results are out."""
+    it; `summaries`: whether the reducer runs a job rule, which reads the summary tables' rows (the
+    reducer decides: its rules are the ones that run). The database is deleted once its results
+    are out."""
     from tracekit import api
     from tracekit.engine.registry import all_rules, get_rule
     from tracekit.engine.runner import missing_inputs
@@ -162,8 +165,7 @@ def analyze_chunk(
             _insert_peers(con, collectives, own)
             trace = trace.select()
             select = [get_rule(k) for k in _rule_keys(rules)] or all_rules()
-            # the summaries only when a job rule will read them (their rows, else their columns)
-            cut = "" if any(r.scope == "job" for r in select) else " LIMIT 0"
+            cut = "" if summaries else " LIMIT 0"  # no job rule will read their rows: their columns
             # the views most rules and the summaries read, computed once for both (the analysis
             # reuses these tables: see engine.shared_views)
             with computed_once(con):
