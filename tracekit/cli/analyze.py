@@ -124,7 +124,7 @@ def _cluster(traces, fmt, output, rule_keys, overrides, db_path, fail_on, rank, 
     an input left out is said on stderr and the exit code is 2 once the report is out."""
     from tracekit.cli.console import detail
     from tracekit.cli.console import output as output_stream
-    from tracekit.cli.options import offsets
+    from tracekit.cli.options import offsets, verbosity
     from tracekit.cluster import analyze_job
     from tracekit.cluster.job import missing_line
     from tracekit.findings.model import SEVERITY_RANK
@@ -142,6 +142,9 @@ def _cluster(traces, fmt, output, rule_keys, overrides, db_path, fail_on, rank, 
            f"reduce {c['reduce_seconds']} s; peak RSS per worker (MB): {c['peak_rss_mb']}")  # fmt: skip
     for m in job.missing:
         click.echo(f"error: not analysed: {missing_line(m)}", err=True)
+    if verbosity() >= 0:
+        for d in c["duplicates"]:
+            click.echo(f"note: {d}", err=True)
     with output_stream(output) as out:
         if fmt == "feedback":
             from tracekit.findings.feedback import build_feedback

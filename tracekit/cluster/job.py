@@ -119,6 +119,7 @@ def analyze_job(
         "map_seconds": round(map_seconds, 3),
         "reduce_seconds": round(reduce_seconds, 3),
         "missing": missing,
+        "duplicates": [d for i in good for d in i.duplicates] + numbering.duplicates,
     }
     return JobResult(records, notes, missing, cluster, runs, summary)
 

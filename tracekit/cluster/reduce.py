@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracekit.cluster.work import SUMMARIES, Analyzed, Ingested
+from tracekit.cluster.work import SUMMARIES, Analyzed, EventShift, Ingested
 
 # Tables the reducer keeps (besides the summaries it creates): the runs, what the analysis writes,
 # and what the views over the summaries read.
@@ -28,41 +28,57 @@ KEPT_TABLES = ("runs", "findings", "ingest_pending", "peer_collectives", "tracek
 class Numbering:
     """Per chunk index: its run ids as ingested -> job-wide, and the events of the chunks before it."""
 
-    remaps: dict[int, dict[int, int]]
-    event_bases: dict[int, int]
+    remaps: dict[int, dict[int, int | None]]  # None: the run is dropped (a trace an earlier input holds)
+    event_bases: dict[int, EventShift]
     collectives: object  # pyarrow.Table: every chunk's rank_collectives rows, job-wide ids
+    duplicates: list[str]  # the inputs dropped as copies of earlier ones
 
 
 def number(ingested: list[Ingested]) -> Numbering:
     """Reduce 1 over the chunks that were ingested (in chunk order)."""
     import pyarrow as pa
 
-    remaps, bases, tables = {}, {}, []
+    remaps, bases, tables, seen, duplicates = {}, {}, [], {}, []
     next_run, events = 1, 0
     for item in sorted(ingested, key=lambda i: i.chunk.index):
-        ids = sorted(item.runs.column("run_id").to_pylist())
-        remap = {old: next_run + i for i, old in enumerate(ids)}
-        next_run += len(ids)
-        remaps[item.chunk.index], bases[item.chunk.index] = remap, events
-        tables.append(_renumbered(item.collectives, remap, events))
-        events += item.events
+        remap: dict[int, int | None] = {}
+        gaps = []
+        for old in sorted(item.runs.column("run_id").to_pylist()):
+            digest, source = item.digests.get(old, (None, None))
+            if digest is not None and seen.setdefault(digest, source) != source:
+                remap[old] = None  # the same trace as an earlier input's: skipped, as one database skips it
+                duplicates.append(f"{source}: same content given earlier as {seen[digest]}; not ingested again")
+                if old in item.run_events:
+                    gaps.append(item.run_events[old])
+                continue
+            remap[old] = next_run
+            next_run += 1
+        shift = EventShift(events, tuple(sorted(gaps)))
+        remaps[item.chunk.index], bases[item.chunk.index] = remap, shift
+        tables.append(_renumbered(item.collectives, remap, shift))
+        events += item.events - sum(n for _, n in gaps)
     collectives = pa.concat_tables(tables) if tables else None
-    return Numbering(remaps, bases, collectives)
+    return Numbering(remaps, bases, collectives, duplicates)
 
 
-def _renumbered(table, remap: dict[int, int], event_base: int):
+def _renumbered(table, remap: dict[int, int | None], shift: EventShift):
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if table.num_rows == 0:
         return table
+    dropped = [old for old, new in remap.items() if new is None]
+    if dropped:
+        table = table.filter(
+            pc.invert(pc.is_in(table.column("run_id"), pa.array(dropped, table.schema.field("run_id").type)))
+        )
     runs = [remap.get(r, r) for r in table.column("run_id").to_pylist()]
     run_field = table.schema.field("run_id")
     table = table.set_column(table.schema.get_field_index("run_id"), run_field, pa.array(runs, run_field.type))
-    if event_base:
+    if shift != EventShift():
         i = table.schema.get_field_index("event_id")
-        shifted = pc.add(table.column(i), pa.scalar(event_base, table.schema.field(i).type))
-        table = table.set_column(i, table.schema.field(i), shifted)
+        shifted = [None if e is None else shift(e) for e in table.column(i).to_pylist()]
+        table = table.set_column(i, table.schema.field(i), pa.array(shifted, table.schema.field(i).type))
     return table
 
 

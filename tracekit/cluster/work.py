@@ -35,6 +35,24 @@ from tracekit.errors import TracekitError
 SUMMARIES = ("rank_collectives", "rank_steps", "rank_op_times")
 
 
+@dataclass(frozen=True)
+class EventShift:
+    """A chunk's event ids -> one database's: plus the events of the chunks before it (`base`),
+    less those of its own runs dropped before them (`gaps`: (first local id, count) per run whose
+    trace an earlier chunk holds)."""
+
+    base: int = 0
+    gaps: tuple[tuple[int, int], ...] = ()
+
+    def __call__(self, event_id: int) -> int:
+        return event_id + self.base - sum(n for first, n in self.gaps if first + n <= event_id)
+
+    def sql(self, column: str) -> str:
+        """The same as a SQL expression over `column`."""
+        gaps = "".join(f" - CASE WHEN {column} >= {int(f) + int(n)} THEN {int(n)} ELSE 0 END" for f, n in self.gaps)
+        return f"{column} + {int(self.base)}{gaps}"
+
+
 @dataclass
 class Ingested:
     """What phase 1 sends back: small rows only, and where the chunk's database stays."""
@@ -45,6 +63,10 @@ class Ingested:
     collectives: object  # pyarrow.Table of its `rank_collectives` rows (local event ids)
     events: int  # rows of its `event_rows`: how far the next chunk's event ids are shifted
     failed: list[dict] = field(default_factory=list)  # {"path", "error"} per input that could not be read
+    # run id -> (content digest, source) of its trace: a trace given twice is analysed once
+    digests: dict = field(default_factory=dict)
+    duplicates: list[str] = field(default_factory=list)  # Duplicate.describe() of inputs skipped in the chunk
+    run_events: dict = field(default_factory=dict)  # run id -> (its first event id, its events)
     host: str = ""
     pid: int = 0
     worker: str | None = None  # the Dask worker's address (set by the backend), None in this process
@@ -112,10 +134,11 @@ def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), fol
         # the ids a database of every input gives: the chunk's first input is run first + 1
         con.execute("DROP SEQUENCE IF EXISTS run_ids")
         con.execute(f"CREATE SEQUENCE run_ids START {int(chunk.first) + 1}")
-        failed = []
+        failed, duplicates = [], []
         for p in chunk.paths:
             try:
-                trace.add(p, rank=rank, metrics=metrics, same_content="keep")
+                added = trace.add(p, rank=rank, metrics=metrics)  # a copy of a trace of the chunk: skipped
+                duplicates += [d.describe() for d in added.duplicates]
             except TracekitError as e:
                 failed.append({"path": p, "error": str(e)})
             except Exception as e:  # a reader's bug on one rank must not end the job
@@ -123,12 +146,26 @@ def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), fol
         runs = table(con, "SELECT * FROM runs ORDER BY run_id")
         collectives = table(con, "SELECT * FROM rank_collectives ORDER BY run_id, process_group, seq, event_id")
         events = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
+        run_events = {
+            r: (int(first), int(n))
+            for r, first, n in con.execute(
+                "SELECT run_id, min(rowid), count(*) FROM event_rows GROUP BY run_id ORDER BY run_id"
+            ).fetchall()
+        }
+        digests = {
+            run_id: (digest, source)
+            for run_id, digest, source in con.execute(
+                "SELECT l.run_id, json_extract_string(l.notes, '$.content_digest'), l.source FROM ingest_log l "
+                "JOIN runs r ON r.run_id = l.run_id AND r.source = l.source ORDER BY l.run_id"
+            ).fetchall()
+            if digest
+        }
     except BaseException:
         trace.close()
         remove_database(path)
         raise
     trace.close()
-    return Ingested(chunk, str(path), runs, collectives, int(events), failed,
+    return Ingested(chunk, str(path), runs, collectives, int(events), failed, digests, duplicates, run_events,
                     socket.gethostname(), os.getpid(), peak_rss_mb=peak_rss_mb(),
                     seconds=time.perf_counter() - started)  # fmt: skip
 
@@ -137,15 +174,15 @@ def analyze_chunk(
     ingested: Ingested,
     collectives,
     remap: dict[int, int],
-    event_base: int,
+    event_base: EventShift | int,
     rules=None,
     params=None,
     summaries: bool = True,
 ) -> Analyzed:
     """Phase 2: on the worker that holds the chunk's database. `collectives`: every chunk's
     `rank_collectives` rows with job-wide ids (this chunk's own rows are left out here); `remap`:
-    the chunk's run ids as ingested -> job-wide ones; `event_base`: the events of the chunks before
-    it; `summaries`: whether the reducer runs a job rule, which reads the summary tables' rows (the
+    the chunk's run ids as ingested -> job-wide ones; `event_base`: its event ids -> job-wide
+    ones (an EventShift, or the events of the chunks before it); `summaries`: whether the reducer runs a job rule, which reads the summary tables' rows (the
     reducer decides: its rules are the ones that run). The database is deleted once its results
     are out."""
     from tracekit import api
@@ -155,12 +192,13 @@ def analyze_chunk(
     from tracekit.findings.report import runs_section
 
     started = time.perf_counter()
+    shift = event_base if isinstance(event_base, EventShift) else EventShift(int(event_base))
     path = Path(ingested.db_path)
     try:
         trace = api.open(db=path)
         try:
             con = trace.connection
-            renumber(con, {int(k): int(v) for k, v in remap.items()})
+            renumber(con, {int(k): None if v is None else int(v) for k, v in remap.items()})
             own = [r for (r,) in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
             _insert_peers(con, collectives, own)
             trace = trace.select()
@@ -172,11 +210,9 @@ def analyze_chunk(
                 analysis = trace.analysis(rules, params, scope="run")
                 tables = {"runs": table(con, "SELECT * FROM runs ORDER BY run_id")}
                 for name in SUMMARIES:
-                    shift = "event_id + $base AS event_id" if name == "rank_collectives" else None
-                    columns = f"* REPLACE ({shift})" if shift else "*"
-                    query = f"SELECT {columns} FROM {name} ORDER BY ALL{cut}"
-                    tables[name] = table(con, query, {"base": event_base} if shift else None)
-            records = [shift_event_ids(f.as_dict(), event_base) for f in analysis.findings]
+                    columns = f"* REPLACE ({shift.sql('event_id')} AS event_id)" if name == "rank_collectives" else "*"
+                    tables[name] = table(con, f"SELECT {columns} FROM {name} ORDER BY ALL{cut}")
+            records = [shift_event_ids(f.as_dict(), shift) for f in analysis.findings]
             notes = [n.as_dict() for n in analysis.notes]
             missing = {r.code: missing_inputs(con, r) for r in select if r.scope == "run"}
             report_runs = runs_section(con)
@@ -190,12 +226,17 @@ def analyze_chunk(
                     seconds=time.perf_counter() - started)  # fmt: skip
 
 
-def renumber(con, remap: dict[int, int]) -> None:
+def renumber(con, remap: dict[int, int | None]) -> None:
     """Give the runs of this database new ids in every table that holds rows of a run (the
-    reducer's job-wide numbering, when a file made several runs or one failed)."""
+    reducer's job-wide numbering, when a file made several runs or one failed); a run mapped to
+    None is deleted (its trace is held by an earlier chunk)."""
     from tracekit.db.connection import run_tables
+    from tracekit.ingest.transaction import delete_runs
 
-    moves = {old: new for old, new in remap.items() if old != new}
+    dropped = sorted(old for old, new in remap.items() if new is None)
+    if dropped:  # a trace an earlier chunk holds: one database would not have ingested it again
+        delete_runs(con, dropped)
+    moves = {old: new for old, new in remap.items() if new is not None and old != new}
     if not moves:
         return
     case = "CASE run_id " + " ".join(f"WHEN {int(o)} THEN {int(n)}" for o, n in moves.items()) + " ELSE run_id END"
@@ -226,24 +267,28 @@ def _insert_peers(con, collectives, own: list[int]) -> None:
         cur.close()
 
 
-def shift_event_ids(record, base: int):
-    """The record with every event id moved by `base`: `sample_event_ids`, and any value keyed
+def shift_event_ids(record, shift: EventShift):
+    """The record with every event id put through `shift`: `sample_event_ids`, and any value keyed
     `event_id`, `*_event_id` or `*_event_ids` at any depth (evidence parameters and details)."""
-    if not base:
+    if shift == EventShift():
         return record
     if isinstance(record, dict):
-        return {k: _shifted(k, v, base) for k, v in record.items()}
+        return {k: _shifted(k, v, shift) for k, v in record.items()}
     if isinstance(record, list):
-        return [shift_event_ids(v, base) for v in record]
+        return [shift_event_ids(v, shift) for v in record]
     return record
 
 
-def _shifted(key: str, value, base: int):
-    if key.endswith("event_id") and isinstance(value, int) and not isinstance(value, bool):
-        return value + base
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shifted(key: str, value, shift: EventShift):
+    if key.endswith("event_id") and _is_id(value):
+        return shift(value)
     if key.endswith("event_ids") and isinstance(value, list):
-        return [v + base if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
-    return shift_event_ids(value, base)
+        return [shift(v) if _is_id(v) else v for v in value]
+    return shift_event_ids(value, shift)
 
 
 def _rule_keys(rules) -> list[str]:
