@@ -136,7 +136,7 @@ def _cluster(traces, fmt, output, rule_keys, overrides, db_path, fail_on, rank, 
             f"{', '.join(refused)}: not with --workers/--scheduler (the map/reduce path keeps no database)"
         )
     job = analyze_job(list(traces), workers=workers or None, scheduler=scheduler, rules=rule_keys, params=overrides,
-                      chunk_size=chunk_size, rank=rank, metrics=metrics)  # fmt: skip
+                      chunk_size=chunk_size, rank=rank, metrics=metrics, progress=detail)  # fmt: skip
     c = job.cluster
     detail(f"cluster: {c['backend']}, {c['workers']} workers, {c['chunks']} chunks; map {c['map_seconds']} s, "
            f"reduce {c['reduce_seconds']} s; peak RSS per worker (MB): {c['peak_rss_mb']}")  # fmt: skip

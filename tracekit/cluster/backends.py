@@ -29,13 +29,19 @@ def _crash_line(e: BaseException) -> str:
     return _error(e) + where
 
 
+def _report(progress, phase: str, done: int, total: int) -> None:
+    if progress is not None:
+        progress(f"{phase}: {done}/{total} chunks")
+
+
 class InProcessBackend:
     """The tasks called in turn in this process: the map/reduce path without a cluster."""
 
     name = "in-process"
 
-    def __init__(self):
+    def __init__(self, progress=None):
         self.workers = 1
+        self.progress = progress  # called with a line as each chunk of a phase is done
 
     def __enter__(self):
         return self
@@ -50,6 +56,7 @@ class InProcessBackend:
                 out.append(work.ingest_chunk(chunk, **options))
             except Exception as e:
                 out.append(_crash_line(e))
+            _report(self.progress, "ingested", len(out), len(chunks))
         return out
 
     def analyze(self, jobs, collectives, rules, params, summaries=True) -> list:
@@ -59,6 +66,7 @@ class InProcessBackend:
                 out.append(work.analyze_chunk(ingested, collectives, remap, base, rules, params, summaries))
             except Exception as e:
                 out.append(_crash_line(e))
+            _report(self.progress, "analysed", len(out), len(jobs))
         return out
 
 
@@ -77,13 +85,15 @@ class DaskBackend:
 
     name = "dask"
 
-    def __init__(self, workers: int | None = None, scheduler: str | None = None, poll_seconds: float = 2.0):
+    def __init__(self, workers: int | None = None, scheduler: str | None = None, poll_seconds: float = 2.0,
+                 progress=None):  # fmt: skip
         from tracekit.errors import TracekitError, require_extra
 
         require_extra("distributed", "cluster", "analyze --workers/--scheduler")
         import distributed
 
         self.poll_seconds = poll_seconds
+        self.progress = progress
         self.cluster = None
         try:
             if scheduler:
@@ -117,7 +127,7 @@ class DaskBackend:
 
     def ingest(self, chunks, **options) -> list:
         futures = [self.client.submit(_on_worker, work.ingest_chunk, chunk, pure=False, **options) for chunk in chunks]
-        return self._gather(futures, [None] * len(futures))
+        return self._gather(futures, [None] * len(futures), "ingested")
 
     def analyze(self, jobs, collectives, rules, params, summaries=True) -> list:
         shared = self.client.scatter(collectives, broadcast=True) if collectives is not None else None
@@ -128,9 +138,9 @@ class DaskBackend:
                 workers=[ingested.worker], allow_other_workers=False,
             ))  # fmt: skip
             pinned.append(ingested.worker)
-        return self._gather(futures, pinned)
+        return self._gather(futures, pinned, "analysed")
 
-    def _gather(self, futures, pinned) -> list:
+    def _gather(self, futures, pinned, phase: str) -> list:
         """Each task's result, or its error; a task pinned to a worker that left is given up."""
         from distributed import wait
 
@@ -153,4 +163,6 @@ class DaskBackend:
                     future.cancel()
                     out[i] = f"worker {pinned[i]} is gone (died or left), and the chunk's database with it"
                     del waiting[i]
+            if done:
+                _report(self.progress, phase, len(futures) - len(waiting), len(futures))
         return out

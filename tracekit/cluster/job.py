@@ -50,6 +50,7 @@ def analyze_job(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     rank: int | None = None,
     metrics: tuple[str, ...] = (),
+    progress=None,
 ) -> JobResult:
     """Analyse a job's rank traces chunk by chunk (docs/cluster.md).
 
@@ -58,7 +59,7 @@ def analyze_job(
     LocalCluster of N single-threaded worker processes, started and closed here; `scheduler`: the
     address of an existing Dask scheduler, whose workers must see the input paths. `chunk_size`:
     consecutive inputs per chunk (a worker holds one chunk's database at a time). `rules`, `params`:
-    as for Trace.analysis."""
+    as for Trace.analysis. `progress`: called with a line as chunks are ingested and analysed."""
     from tracekit.api import analysis_key
 
     analysis_key(rules, params)  # unknown rules and parameters fail before anything runs
@@ -68,7 +69,7 @@ def analyze_job(
         raise TracekitError("pass either workers (a local cluster) or scheduler (an existing one), not both")
     chunks = plan(inputs if isinstance(inputs, (list, tuple)) else [inputs], chunk_size)
     started = time.perf_counter()
-    backend = DaskBackend(workers, scheduler) if workers or scheduler else InProcessBackend()
+    backend = DaskBackend(workers, scheduler, progress=progress) if workers or scheduler else InProcessBackend(progress)
     with backend:
         ingested = backend.ingest(chunks, rank=rank, metrics=tuple(metrics))
         missing: list[dict] = []
