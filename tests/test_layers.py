@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     "tracekit.cli",
     "tracekit.agent",
+    "tracekit.cluster",  # map/reduce over ranks: runs the Python API's ingest and analysis on each chunk
     "tracekit.api",
     "tracekit.render",
     "tracekit.compare",

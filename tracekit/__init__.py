@@ -18,6 +18,14 @@ def open(*inputs, **options):  # the package's entry point, like io.open; shadow
     return open_trace(*inputs, **options)
 
 
+def analyze_job(inputs, **options):
+    """Analyse a job's rank traces by map/reduce, in this process or on Dask (tracekit.cluster,
+    docs/cluster.md); returns a tracekit.cluster.JobResult."""
+    from tracekit.cluster import analyze_job as analyze
+
+    return analyze(inputs, **options)
+
+
 def __getattr__(name: str):
     if name == "Trace":
         from tracekit.api import Trace

@@ -246,13 +246,17 @@ class Trace:
 
     # ----------------------------------------------------------------------------------- findings
 
-    def analysis(self, rules=None, params=None) -> Analysis:
+    def analysis(self, rules=None, params=None, scope: str | None = None) -> Analysis:
         """The findings (Finding objects, ranked) and data-quality notes of this Trace's runs.
 
         `rules`: codes or names, a list or one comma-separated string (default: every rule).
         `params`: {rule: {parameter: value}}. The rules run once per (rules, params) over every run
-        of the database, and again only after inputs were added."""
-        full = self._db.analysis(*_request(rules, params))
+        of the database, and again only after inputs were added. `scope`: only the rules of that
+        scope ("run": per-rank rules, as a cluster worker runs them; "job": cross-rank rules, as the
+        reducer of a cluster run does, see tracekit.cluster); default every rule."""
+        if scope is not None and scope not in ("run", "job"):
+            raise TracekitError(f"scope: run or job, not {scope!r}")
+        full = self._db.analysis(*_request(rules, params), scope=scope)
         everything = set(self._run_ids) >= set(self._db.run_ids())
         return Analysis(
             full.key,
@@ -519,12 +523,14 @@ class _Database:
         if not self.read_only:
             self.con.execute("DELETE FROM findings")
 
-    def analysis(self, select, overrides, key) -> Analysis:
+    def analysis(self, select, overrides, key, scope: str | None = None) -> Analysis:
         from tracekit.engine.runner import run_rules
         from tracekit.findings.report import rank
 
+        if scope is not None:
+            key = f"{key};scope={scope}"
         if key not in self.analyses:
-            findings, notes = run_rules(self.con, select, overrides)
+            findings, notes = run_rules(self.con, select, overrides, scope=scope)
             self.analyses[key] = Analysis(key, rank(findings), notes)
             if not self.read_only:
                 self._store(key, findings)

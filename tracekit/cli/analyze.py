@@ -13,6 +13,7 @@ from tracekit.cli.options import (
     INPUT,
     check_accepts,
     check_output,
+    cluster_options,
     metric_option,
     offset_option,
     output_options,
@@ -54,9 +55,10 @@ from tracekit.render.report import REPORT_FORMATS
 @click.option("--base-url", envvar="OPENAI_BASE_URL", help="With --llm: OpenAI-compatible endpoint.")
 @click.option("--model", help="With --llm: model id, e.g. glm-4.6.")
 @click.option("--api-key-env", default="OPENAI_API_KEY", show_default=True, help="With --llm: env var of the API key.")
+@cluster_options
 def command(
     traces, fmt, output, rule_keys, db_path, fail_on, params, rank, max_findings, metrics, baselines, step, accepts,
-    budget_tokens, llm, base_url, model, api_key_env,
+    budget_tokens, llm, base_url, model, api_key_env, workers, scheduler, chunk_size,
 ):  # fmt: skip
     """Ingest traces (or open a .duckdb made by `ingest`), run the rules, print ranked findings.
 
@@ -64,6 +66,7 @@ def command(
         tracekit analyze run.json.gz
         tracekit analyze run.json.gz --format json --rules host-sync,G001 --param G001.min_idle_share=0.1
         tracekit analyze new.json.gz --baseline old.json.gz --accept "step_time <= +5%"
+        tracekit analyze /shared/traces/rank*.json.gz --workers 8       # map/reduce over ranks (docs/cluster.md)
     """
     from tracekit import api
     from tracekit.cli.console import open_inputs, timed
@@ -83,6 +86,9 @@ def command(
         raise TracekitError("--baseline compares trace files: pass the candidate's trace files, not a .duckdb")
     check_accepts(accepts)
     check_output(output)
+    if workers is not None or scheduler:
+        return _cluster(traces, fmt, output, rule_keys, overrides, db_path, fail_on, rank, max_findings, metrics,
+                        baselines, llm, budget_tokens, workers, scheduler, chunk_size)  # fmt: skip
     client = _llm_client(base_url, api_key_env) if llm else None
     with contextlib.ExitStack() as stack:
         trace = stack.enter_context(open_inputs(traces, db=db_path, rank=rank, metrics=metrics))
@@ -109,6 +115,47 @@ def command(
     if fail_on and worst and SEVERITY_RANK[worst] >= SEVERITY_RANK[fail_on]:
         sys.exit(1)
     if diff_doc is not None and not diff_doc["passed"]:
+        sys.exit(1)
+
+
+def _cluster(traces, fmt, output, rule_keys, overrides, db_path, fail_on, rank, max_findings, metrics, baselines,
+             llm, budget_tokens, workers, scheduler, chunk_size):  # fmt: skip
+    """The map/reduce path (tracekit.cluster): the same report, findings computed chunk by chunk;
+    an input left out is said on stderr and the exit code is 2 once the report is out."""
+    from tracekit.cli.console import detail
+    from tracekit.cli.console import output as output_stream
+    from tracekit.cli.options import offsets, verbosity
+    from tracekit.cluster import analyze_job
+    from tracekit.cluster.job import missing_line
+    from tracekit.findings.model import SEVERITY_RANK
+
+    refused = [name for name, given in (("--db", db_path), ("--baseline", baselines), ("--llm", llm),
+                                        ("--offset", offsets())) if given]  # fmt: skip
+    if refused:
+        raise TracekitError(
+            f"{', '.join(refused)}: not with --workers/--scheduler (the map/reduce path keeps no database)"
+        )
+    job = analyze_job(list(traces), workers=workers or None, scheduler=scheduler, rules=rule_keys, params=overrides,
+                      chunk_size=chunk_size, rank=rank, metrics=metrics, progress=detail)  # fmt: skip
+    c = job.cluster
+    detail(f"cluster: {c['backend']}, {c['workers']} workers, {c['chunks']} chunks; map {c['map_seconds']} s, "
+           f"reduce {c['reduce_seconds']} s; peak RSS per worker (MB): {c['peak_rss_mb']}")  # fmt: skip
+    for m in job.missing:
+        click.echo(f"error: not analysed: {missing_line(m)}", err=True)
+    if verbosity() >= 0:
+        for d in c["duplicates"]:
+            click.echo(f"note: {d}", err=True)
+    with output_stream(output) as out:
+        if fmt == "feedback":
+            from tracekit.findings.feedback import build_feedback
+
+            _write_fenced(build_feedback(job.records, budget_tokens), out)
+        else:
+            _write_report(job.report_document(max_findings), None, None, fmt, out)
+    if job.missing:
+        sys.exit(2)
+    worst = max((r["severity"] for r in job.records), key=SEVERITY_RANK.__getitem__, default=None)
+    if fail_on and worst and SEVERITY_RANK[worst] >= SEVERITY_RANK[fail_on]:
         sys.exit(1)
 
 

@@ -145,3 +145,21 @@ def check_output(out: Path | None, suffixes: tuple[str, ...] = ()) -> None:
         raise TracekitError(f"{out}: the output name should end in {' or '.join(suffixes)}")
     if not out.parent.exists():
         raise TracekitError(f"{out}: directory {out.parent} does not exist")
+
+
+def cluster_options(f):
+    """--workers N, --scheduler ADDRESS and --chunk-size N: the map/reduce path over ranks
+    (tracekit.cluster, docs/cluster.md) instead of one database of every input."""
+    f = click.option(
+        "--chunk-size", type=click.IntRange(min=1), default=4, show_default=True,
+        help="With --workers/--scheduler: consecutive inputs per chunk (one database on a worker at a time).",
+    )(f)  # fmt: skip
+    f = click.option(
+        "--scheduler", metavar="ADDRESS",
+        help="Map/reduce over the ranks on an existing Dask cluster (tcp://host:8786); its workers must see the inputs.",
+    )(f)  # fmt: skip
+    return click.option(
+        "--workers", type=click.IntRange(min=0), metavar="N",
+        help="Map/reduce over the ranks on a local Dask cluster of N worker processes; 0: the same map/reduce "
+        "in this process, without Dask.",
+    )(f)  # fmt: skip

@@ -45,21 +45,36 @@ def runs_section(con, run_ids=None) -> list[dict]:
 def build_report(
     con, findings: list[Finding], notes: list, summary: dict, max_findings: int = 25, run_ids=None
 ) -> dict:
-    ranked = rank(findings)
+    records = [f.as_dict() for f in rank(findings)]
+    return report_of_records(runs_section(con, run_ids), records, [n.as_dict() for n in notes], summary, max_findings)
+
+
+def rank_records(records: list[dict]) -> list[dict]:
+    """Finding records in the order `rank` gives their findings (the report's order)."""
+    return sorted(
+        records, key=lambda r: (-SEVERITY_RANK[r["severity"]], -r["impact"]["share_of_window"], r["rule"], r["id"])
+    )
+
+
+def report_of_records(runs: list[dict], records: list[dict], notes: list[dict], summary: dict,
+                      max_findings: int = 25) -> dict:  # fmt: skip
+    """The report document from its parts as plain data: the runs section, finding records, notes
+    (as dicts) and the summary; what a cluster run's reducer builds from its workers' results."""
+    ranked = rank_records(records)
     kept = ranked[:max_findings]
-    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITY_RANK}
+    counts = {s: sum(1 for r in records if r["severity"] == s) for s in SEVERITY_RANK}
     return {
         "report_version": REPORT_VERSION,
         "schema_version": SCHEMA_VERSION,
         "finding_schema_version": FINDING_SCHEMA_VERSION,
         "tracekit_version": __version__,
-        "runs": runs_section(con, run_ids),
+        "runs": runs,
         "summary": summary,
-        "findings": [f.as_dict() for f in kept],
-        "findings_total": len(findings),
+        "findings": kept,
+        "findings_total": len(records),
         "findings_omitted": len(ranked) - len(kept),
         "severity_counts": counts,
-        "data_quality": [n.as_dict() for n in notes],
+        "data_quality": notes,
     }
 
 
