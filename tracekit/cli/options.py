@@ -151,8 +151,9 @@ def cluster_options(f):
     """--workers N, --scheduler ADDRESS and --chunk-size N: the map/reduce path over ranks
     (tracekit.cluster, docs/cluster.md) instead of one database of every input."""
     f = click.option(
-        "--chunk-size", type=click.IntRange(min=1), default=4, show_default=True,
-        help="With --workers/--scheduler: consecutive inputs per chunk (one database on a worker at a time).",
+        "--chunk-size", type=click.IntRange(min=1), default=None,
+        help="With --workers/--scheduler: consecutive inputs per chunk (one database on a worker at a time); "
+        "default: about two chunks per worker, at most 32 inputs each.",
     )(f)  # fmt: skip
     f = click.option(
         "--scheduler", metavar="ADDRESS",

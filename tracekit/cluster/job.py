@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from tracekit.cluster import reduce
 from tracekit.cluster.backends import DaskBackend, InProcessBackend
-from tracekit.cluster.plan import DEFAULT_CHUNK_SIZE, plan
+from tracekit.cluster.plan import auto_chunk_size, plan
 from tracekit.cluster.work import Analyzed, Ingested
 from tracekit.errors import TracekitError
 
@@ -47,7 +47,7 @@ def analyze_job(
     scheduler: str | None = None,
     rules=None,
     params=None,
-    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    chunk_size: int | None = None,
     rank: int | None = None,
     metrics: tuple[str, ...] = (),
     progress=None,
@@ -58,7 +58,8 @@ def analyze_job(
     `workers`/`scheduler` (or workers=0): the tasks in a loop in this process; `workers=N`: a Dask
     LocalCluster of N single-threaded worker processes, started and closed here; `scheduler`: the
     address of an existing Dask scheduler, whose workers must see the input paths. `chunk_size`:
-    consecutive inputs per chunk (a worker holds one chunk's database at a time). `rules`, `params`:
+    consecutive inputs per chunk (a worker holds one chunk's database at a time); default: about two
+    chunks per worker, at most 32 inputs each (`plan.auto_chunk_size`). `rules`, `params`:
     as for Trace.analysis. `progress`: called with a line as chunks are ingested and analysed."""
     from tracekit.api import analysis_key
 
@@ -67,10 +68,13 @@ def analyze_job(
         raise TracekitError("workers must be 0 (in this process) or more")
     if workers and scheduler:
         raise TracekitError("pass either workers (a local cluster) or scheduler (an existing one), not both")
-    chunks = plan(inputs if isinstance(inputs, (list, tuple)) else [inputs], chunk_size)
     started = time.perf_counter()
     backend = DaskBackend(workers, scheduler, progress=progress) if workers or scheduler else InProcessBackend(progress)
     with backend:
+        listed = inputs if isinstance(inputs, (list, tuple)) else [inputs]
+        if chunk_size is None:
+            chunk_size = auto_chunk_size(len(plan(listed, 1)), backend.workers)
+        chunks = plan(listed, chunk_size)
         ingested = backend.ingest(chunks, rank=rank, metrics=tuple(metrics))
         missing: list[dict] = []
         good: list[Ingested] = []
