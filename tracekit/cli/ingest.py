@@ -92,5 +92,6 @@ def _into_lake(traces, lake_path, **options) -> list:
                f"in {duration(r.seconds * 1e9)}")  # fmt: skip
     if verbosity() >= 0:
         for d in done.duplicates:
-            click.echo(f"note: {d.describe()}", err=True)
+            line = d.describe().replace("in this database", "in this lake").replace(" (--replace ingests it anew)", "")
+            click.echo(f"note: {line}", err=True)
     return done.ingested

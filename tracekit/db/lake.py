@@ -75,52 +75,77 @@ def _view_sql(root: Path, table: str) -> str:
         columns += ", event_id AS rowid"
     source = (f"read_parquet({_quote(files_glob(root, table))}, hive_partitioning = true, union_by_name = true, "
               "hive_types = {'run_id': INTEGER})")  # fmt: skip
-    return f"CREATE OR REPLACE VIEW {table} AS SELECT {columns} FROM {source};"
+    # unbound where DuckDB can, as the stdlib's views: binding reads the footer of every file
+    deferred = " WITH (DEFER_BINDING)" if stdlib._defer_binding_supported() else ""
+    return f"CREATE OR REPLACE VIEW {table}{deferred} AS SELECT {columns} FROM {source};"
 
 
-def _digest(root: Path) -> str:
-    from tracekit.db.connection import _digest as stdlib_digest
-
-    return f"lake-{stdlib_digest(True)}-{root}"
-
-
-def ensure_catalog(con, root: Path) -> None:
-    """The catalog's views over this lake's files (at `root`) and the stdlib on top, unless the
-    catalog holds them already for this stdlib and this root."""
+def _meta(con, key: str):
     import duckdb
 
+    try:
+        row = con.execute("SELECT value FROM tracekit_meta WHERE key = ?", [key]).fetchone()
+    except duckdb.CatalogException:
+        return None
+    return row[0] if row else None
+
+
+def _stdlib_digest() -> str:
+    from tracekit.db.connection import _digest
+
+    return _digest(True)
+
+
+def install_stdlib(con) -> None:
+    """The stdlib (tables, views, macros and their comments), the per-run tables still tables:
+    `point_views` turns them into views over the files. The slow part of a new catalog (about a
+    second, most of it comments), which needs no file of the lake yet."""
     from tracekit import __version__
     from tracekit.db import stdlib
     from tracekit.db.schema import SCHEMA_VERSION
 
-    digest = _digest(root)
-    try:
-        row = con.execute("SELECT value FROM tracekit_meta WHERE key = 'stdlib_digest'").fetchone()
-    except duckdb.CatalogException:
-        row = None
-    if row and row[0] == digest:
-        return
     tables = run_tables()
     con.execute("BEGIN")
-    for table in tables:  # a catalog made by a plain connect would hold them as tables
-        kind = con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name = ? AND schema_name = 'main' "
-                           "AND database_name = current_database()", [table]).fetchone()  # fmt: skip
-        if kind:
-            con.execute(f'DROP TABLE "{table}"')
-        con.execute(_view_sql(root, table))
-    # CREATE TABLE IF NOT EXISTS passes over the views of the same name
+    # CREATE TABLE IF NOT EXISTS passes over a per-run table that is a view already
     con.execute(stdlib.install_script(False))
     own = tuple(f"COMMENT ON TABLE {t} " for t in tables) + tuple(f"COMMENT ON COLUMN {t}." for t in tables)
-    comments = [line for line in stdlib.comments_sql().splitlines() if not line.startswith(own)]
-    comments += [f"COMMENT ON VIEW {r.name} IS {_quote(r.comment)};" for r in stdlib.relations()
-                 if r.name in tables and r.kind == "table" and r.doc]  # fmt: skip
-    con.execute("\n".join(comments))
+    con.execute("\n".join(line for line in stdlib.comments_sql().splitlines() if not line.startswith(own)))
     con.execute(
-        "INSERT OR REPLACE INTO tracekit_meta VALUES ('schema_version', ?), ('tracekit_version', ?), "
-        "('stdlib_digest', ?), ('lake_root', ?)",
-        [SCHEMA_VERSION, __version__, digest, str(root)],
+        "INSERT OR REPLACE INTO tracekit_meta VALUES ('schema_version', ?), ('tracekit_version', ?), ('stdlib_digest', ?)",
+        [SCHEMA_VERSION, __version__, _stdlib_digest()],
     )
     con.execute("COMMIT")
+
+
+def point_views(con, root: Path) -> None:
+    """Each per-run table a view over the files under `root` (absolute paths: the duckdb CLI opens
+    the catalog from anywhere); `lake_root` in tracekit_meta says where they point."""
+    from tracekit.db import stdlib
+
+    con.execute("BEGIN")
+    for table in run_tables():
+        if con.execute("SELECT 1 FROM duckdb_tables() WHERE table_name = ? AND schema_name = 'main' "
+                       "AND database_name = current_database()", [table]).fetchone():  # fmt: skip
+            con.execute(f'DROP TABLE "{table}"')
+        con.execute(_view_sql(root, table))
+    con.execute("\n".join(f"COMMENT ON VIEW {r.name} IS {_quote(r.comment)};" for r in stdlib.relations()
+                          if r.name in run_tables() and r.kind == "table" and r.doc))  # fmt: skip
+    con.execute("INSERT OR REPLACE INTO tracekit_meta VALUES ('lake_root', ?)", [str(root)])
+    con.execute("COMMIT")
+
+
+def up_to_date(con, root: Path) -> bool:
+    return _meta(con, "stdlib_digest") == _stdlib_digest() and _meta(con, "lake_root") == str(root)
+
+
+def ensure_catalog(con, root: Path) -> None:
+    """The stdlib of this tracekit in the catalog, and the views pointing at the files under `root`
+    (re-pointed when the lake was moved)."""
+    if _meta(con, "stdlib_digest") != _stdlib_digest():
+        install_stdlib(con)
+        point_views(con, root)  # the stdlib may have changed the columns of a per-run table
+    elif _meta(con, "lake_root") != str(root):
+        point_views(con, root)
 
 
 def connect(root, read_only: bool = False):
@@ -133,14 +158,10 @@ def connect(root, read_only: bool = False):
     path = str(root / CATALOG)
     config = {} if read_only else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
     con = duckdb.connect(path, read_only=read_only, config=config)
-    try:
-        row = con.execute("SELECT value FROM tracekit_meta WHERE key = 'lake_root'").fetchone()
-    except duckdb.CatalogException:
-        row = None
-    if row is None:
+    if _meta(con, "lake_root") is None:
         con.close()
         raise TracekitError(f"{root}: {CATALOG} is not a tracekit lake catalog (no lake_root in tracekit_meta)")
-    if read_only and (row[0] != str(root) or _stale(con, root)):
+    if read_only and not up_to_date(con, root):
         con.close()  # moved or written by another tracekit: re-pointed once, then opened as asked
         connect(root).close()
         con = duckdb.connect(path, read_only=True)
@@ -149,11 +170,6 @@ def connect(root, read_only: bool = False):
     con.execute("SET asof_loop_join_threshold = 0")  # see tracekit.db.connection.connect
     con.execute("SET parquet_metadata_cache = true")  # views bind every file's footer (union_by_name)
     return con
-
-
-def _stale(con, root: Path) -> bool:
-    row = con.execute("SELECT value FROM tracekit_meta WHERE key = 'stdlib_digest'").fetchone()
-    return not row or row[0] != _digest(root)
 
 
 # ------------------------------------------------------------------------------------ writing
@@ -262,8 +278,9 @@ def publish(root: Path, stage: Path, run_ids: list[int]) -> None:
             os.rename(stage / table / f"run_id={run_id}", root / table / f"run_id={run_id}")
 
 
-def create_catalog(root: Path) -> None:
-    """A new catalog for a lake whose first runs are in place (the views bind to their files)."""
+def build_catalog(root: Path) -> Path:
+    """A new catalog for the lake at `root`, beside it (catalog.duckdb.tmp), its per-run tables
+    still empty tables: `install_catalog` points them at the files once the first runs are in."""
     import duckdb
 
     from tracekit.db.connection import STORAGE_COMPATIBILITY
@@ -272,8 +289,19 @@ def create_catalog(root: Path) -> None:
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp), config={"storage_compatibility_version": STORAGE_COMPATIBILITY})
     try:
-        con.execute("CREATE TABLE IF NOT EXISTS tracekit_meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
-        ensure_catalog(con, root)
+        install_stdlib(con)
+    finally:
+        con.close()
+    return tmp
+
+
+def install_catalog(tmp: Path, root: Path) -> None:
+    """Point the views of a catalog from build_catalog at the lake's files and put it in place."""
+    import duckdb
+
+    con = duckdb.connect(str(tmp))
+    try:
+        point_views(con, root)
         con.execute("CHECKPOINT")
     finally:
         con.close()

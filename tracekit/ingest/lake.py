@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
 from pathlib import Path
 
 from tracekit import db as dbmod
@@ -39,6 +40,7 @@ def ingest_lake(root, paths, same_content: str = "skip", duplicates: list | None
         stage = root / lake.STAGING / str(os.getpid())
         con = dbmod.connect(None)
         staged: list[int] = []
+        catalog = _Catalog(root)
         try:
             _seed(con, root, state["next_run_id"])
             next_event = [state["next_event_id"]]
@@ -63,12 +65,49 @@ def ingest_lake(root, paths, same_content: str = "skip", duplicates: list | None
             if staged:
                 lake.write_state(root, {"next_run_id": max(staged) + 1, "next_event_id": next_event[0]})
                 lake.publish(root, stage, staged)
-                if not (root / lake.CATALOG).exists():
-                    lake.create_catalog(root)
+            catalog.install()
             return results
         finally:
             con.close()
+            catalog.discard()
             shutil.rmtree(root / lake.STAGING, ignore_errors=True)
+
+
+class _Catalog:
+    """A new lake's catalog, made on a thread while the first runs load (its DDL and comments take
+    about a second) and put in place once they are."""
+
+    def __init__(self, root: Path):
+        self.root, self.tmp, self.error, self.thread = root, None, None, None
+        if not (root / lake.CATALOG).exists():
+            self.thread = threading.Thread(target=self._build, daemon=True)
+            self.thread.start()
+
+    def _build(self) -> None:
+        try:
+            self.tmp = lake.build_catalog(self.root)
+        except BaseException as e:  # raised on the ingest's thread by install
+            self.error = e
+
+    def install(self) -> None:
+        """Once the lake holds runs: a catalog that an ingest killed before this point never made is
+        made now."""
+        if (self.root / lake.CATALOG).exists() or not lake.partitions(self.root, "runs"):
+            return
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._build)
+            self.thread.start()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        lake.install_catalog(self.tmp, self.root)
+        self.tmp = None
+
+    def discard(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if self.tmp is not None:
+            self.tmp.unlink(missing_ok=True)
 
 
 def _seed(con, root: Path, next_run_id: int) -> None:
