@@ -197,3 +197,57 @@ def test_a_lake_is_opened_not_added_to(tmp_path):
     (tmp_path / "plain").mkdir()
     with pytest.raises(TracekitError, match="not a tracekit lake"):
         tracekit.open(db=tmp_path / "plain")
+
+
+def _cli_ingest(root: Path, *paths: Path, kill_at: str | None = None, wait: bool = True):
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "TRACEKIT_KILL_AT"} | ({"TRACEKIT_KILL_AT": kill_at} if kill_at else {})
+    proc = subprocess.Popen([TRACEKIT, "-q", "ingest", *map(str, paths), "--lake", str(root)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    if not wait:
+        return proc
+    out, err = proc.communicate()
+    return proc.returncode, err
+
+
+@pytest.mark.parametrize("point", ["committed", "lake_staged", "lake_renamed"])
+def test_an_ingest_killed_at_each_step(tmp_path, point):
+    """SIGKILL inside a real lake ingest: after the first input's commit into the scratch database,
+    once every run is staged, and between the renames; the next ingest finds a consistent lake."""
+    import signal
+
+    root = tmp_path / "lake"
+    assert _cli_ingest(root, sample("gloo_rank0.json.gz"))[0] == 0
+    before = _snapshot(root)
+    code, _ = _cli_ingest(root, sample("gloo_rank1.json.gz"), sample("gpu_tp2_rank0.json.gz"), kill_at=point)
+    assert code == -signal.SIGKILL
+    with tracekit.open(root, read_only=True) as trace:  # what the killed call added is not a run
+        assert trace.sql("SELECT list(run_id) FROM runs").fetchall()[0][0] == [1]
+    if point != "lake_renamed":  # (the renamed partitions wait for the next ingest to remove them)
+        assert {k: v for k, v in _snapshot(root).items() if not k.startswith((lake.STAGING, "catalog"))} == {
+            k: v for k, v in before.items() if not k.startswith("catalog")} or point == "lake_staged"
+    code, err = _cli_ingest(root, sample("gloo_rank1.json.gz"), sample("gpu_tp2_rank0.json.gz"))
+    assert code == 0, err
+    assert not (root / lake.STAGING).exists()
+    with tracekit.open(root, read_only=True) as trace:
+        runs = trace.sql("SELECT list(run_id ORDER BY run_id) FROM runs").fetchall()[0][0]
+        assert len(runs) == 3 and runs[0] == 1
+        counts = trace.sql("SELECT list(n ORDER BY run_id) FROM (SELECT run_id, count(*) AS n FROM events GROUP BY 1)")
+        assert counts.fetchall()[0][0] == [1161, 1161, 16156]  # no rows of the killed call's runs
+        ids = trace.sql("SELECT count(DISTINCT event_id) = count(*) FROM events").fetchall()[0][0]
+        assert ids
+        for table in lake.run_tables():
+            assert sorted(lake.partitions(root, table)) == runs, table
+
+
+def test_two_ingests_at_once_take_turns(tmp_path):
+    root = tmp_path / "lake"
+    procs = [_cli_ingest(root, sample(name), wait=False) for name in ("gpu_tp2_rank0.json.gz", "gpu_tp2_rank1.json.gz")]
+    for proc in procs:
+        out, err = proc.communicate()
+        assert proc.returncode == 0, err
+    with tracekit.open(root, read_only=True) as trace:
+        assert trace.sql("SELECT list(run_id ORDER BY run_id) FROM runs").fetchall()[0][0] == [1, 2]
+        assert trace.sql("SELECT count(DISTINCT event_id) = count(*), count(DISTINCT run_id) FROM events").fetchall()[0] == (
+            True, 2)

@@ -58,6 +58,12 @@ def is_lake(path) -> bool:
         return False
 
 
+def holds_only_lake_entries(root: Path) -> bool:
+    """An empty folder, or one holding what a lake's first ingest makes before its catalog."""
+    own = {*run_tables(), CATALOG, f"{CATALOG}.tmp", STATE, f"{STATE}.tmp", LOCK, STAGING}
+    return all(entry.name in own for entry in os.scandir(root))
+
+
 def files_glob(root: Path, table: str) -> str:
     return str(Path(root) / table / "*" / "*.parquet")
 
@@ -268,11 +274,13 @@ def stage_runs(con, stage: Path, run_ids: list[int], event_offset: int, compress
                         f"TO {target} (FORMAT parquet, COMPRESSION {compression})")  # fmt: skip
 
 
-def publish(root: Path, stage: Path, run_ids: list[int]) -> None:
-    """Rename the staged partitions into place, `runs` last: a run is in the lake once its runs
-    partition is (see tidy)."""
+def publish(root: Path, stage: Path, run_ids: list[int], before_runs=None) -> None:
+    """Rename the staged partitions into place, `runs` last (`before_runs` is called just before
+    those): a run is in the lake once its runs partition is (see tidy)."""
     tables = [t for t in run_tables() if t != "runs"] + ["runs"]
     for table in tables:
+        if table == "runs" and before_runs is not None:
+            before_runs()
         (root / table).mkdir(exist_ok=True)
         for run_id in run_ids:
             os.rename(stage / table / f"run_id={run_id}", root / table / f"run_id={run_id}")

@@ -17,6 +17,7 @@ from pathlib import Path
 from tracekit import db as dbmod
 from tracekit.db import lake
 from tracekit.errors import TracekitError
+from tracekit.ingest import kill_points
 from tracekit.ingest.pipeline import ingest
 
 _KEPT = " (the inputs before it were ingested and kept:"
@@ -31,7 +32,7 @@ def ingest_lake(root, paths, same_content: str = "skip", duplicates: list | None
     root = Path(root).resolve()
     if root.exists() and not root.is_dir():
         raise TracekitError(f"{root}: --lake names a folder, and this is a file")
-    if root.is_dir() and any(root.iterdir()) and not (root / lake.STATE).exists() and not lake.is_lake(root):
+    if root.is_dir() and not lake.is_lake(root) and not lake.holds_only_lake_entries(root):
         raise TracekitError(f"{root}: not a tracekit lake, and not empty: name a new or empty folder")
     with lake.locked(root):
         for line in lake.tidy(root):
@@ -64,7 +65,8 @@ def ingest_lake(root, paths, same_content: str = "skip", duplicates: list | None
                 raise TracekitError(f"{message} (nothing was added to the lake {root})") from None
             if staged:
                 lake.write_state(root, {"next_run_id": max(staged) + 1, "next_event_id": next_event[0]})
-                lake.publish(root, stage, staged)
+                kill_points.reached("lake_staged")
+                lake.publish(root, stage, staged, before_runs=lambda: kill_points.reached("lake_renamed"))
             catalog.install()
             return results
         finally:
