@@ -72,7 +72,9 @@ def test_layout_and_types(tmp_path):
         ).fetchall()
         want += [("event_id", "BIGINT")] if table == "event_rows" else []
         for run_id in (1, 2):  # every file, empty tables and all-NULL columns too, keeps the table's types
-            got = plain.execute(f"DESCRIBE SELECT * FROM read_parquet('{root / table / f'run_id={run_id}' / 'part-0.parquet'}', hive_partitioning = false)")
+            got = plain.execute(
+                f"DESCRIBE SELECT * FROM read_parquet('{root / table / f'run_id={run_id}' / 'part-0.parquet'}', hive_partitioning = false)"
+            )
             assert [(c, t) for c, t, *_ in got.fetchall()] == want, table
     # straight from the files, as Polars or pandas would read them
     n = plain.execute(f"SELECT count(*) FROM read_parquet('{root}/event_rows/*/*.parquet')").fetchone()[0]
@@ -182,7 +184,9 @@ def test_a_killed_ingest_leaves_nothing_the_next_one_sees(tmp_path, capsys):
         # (a real kill comes after lake.json took the ids: the next run would be 3 then)
         assert trace.sql("SELECT list(run_id ORDER BY run_id) FROM runs").fetchall()[0][0] == [1, 2]
         assert trace.sql("SELECT run_id, count(*), min(event_id) FROM events GROUP BY 1 ORDER BY 1").fetchall() == [
-            (1, 1161, 0), (2, 1161, 1161)]  # event ids go on after the first run's, as in a database file
+            (1, 1161, 0),
+            (2, 1161, 1161),
+        ]  # event ids go on after the first run's, as in a database file
 
 
 def test_a_lake_is_opened_not_added_to(tmp_path):
@@ -202,7 +206,9 @@ def test_a_lake_is_opened_not_added_to(tmp_path):
 def _cli_ingest(root: Path, *paths: Path, kill_at: str | None = None, wait: bool = True):
     import os
 
-    env = {k: v for k, v in os.environ.items() if k != "TRACEKIT_KILL_AT"} | ({"TRACEKIT_KILL_AT": kill_at} if kill_at else {})
+    env = {k: v for k, v in os.environ.items() if k != "TRACEKIT_KILL_AT"} | (
+        {"TRACEKIT_KILL_AT": kill_at} if kill_at else {}
+    )
     proc = subprocess.Popen([TRACEKIT, "-q", "ingest", *map(str, paths), "--lake", str(root)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     if not wait:
@@ -225,6 +231,7 @@ def test_an_ingest_killed_at_each_step(tmp_path, point):
     with tracekit.open(root, read_only=True) as trace:  # what the killed call added is not a run
         assert trace.sql("SELECT list(run_id) FROM runs").fetchall()[0][0] == [1]
     if point != "lake_renamed":  # before the renames, only the staging folder and lake.json's ids changed
+
         def data(snapshot):
             return {k: v for k, v in snapshot.items() if not k.startswith((lake.STAGING, lake.STATE))}
 
@@ -251,5 +258,6 @@ def test_two_ingests_at_once_take_turns(tmp_path):
         assert proc.returncode == 0, err
     with tracekit.open(root, read_only=True) as trace:
         assert trace.sql("SELECT list(run_id ORDER BY run_id) FROM runs").fetchall()[0][0] == [1, 2]
-        assert trace.sql("SELECT count(DISTINCT event_id) = count(*), count(DISTINCT run_id) FROM events").fetchall()[0] == (
-            True, 2)
+        assert trace.sql("SELECT count(DISTINCT event_id) = count(*), count(DISTINCT run_id) FROM events").fetchall()[
+            0
+        ] == (True, 2)

@@ -205,7 +205,7 @@ def partitions(root: Path, table: str) -> dict[int, Path]:
     for e in entries:
         if e.is_dir() and e.name.startswith("run_id="):
             try:
-                out[int(e.name[len("run_id="):])] = Path(e.path)
+                out[int(e.name[len("run_id=") :])] = Path(e.path)
             except ValueError:
                 continue
     return out
@@ -222,7 +222,9 @@ def tidy(root: Path) -> list[str]:
             if run_id not in runs:
                 shutil.rmtree(folder, ignore_errors=True)
                 removed.add(run_id)
-    return [f"tracekit: {root}: removed the partitions of run {r}, an ingest that did not finish" for r in sorted(removed)]
+    return [
+        f"tracekit: {root}: removed the partitions of run {r}, an ingest that did not finish" for r in sorted(removed)
+    ]
 
 
 def read_state(root: Path) -> dict:

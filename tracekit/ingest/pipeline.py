@@ -118,8 +118,9 @@ def _room_needed(paths, temporary: str, database: str | None) -> dict[str, int]:
     return needs
 
 
-def _ingest(con, paths, rank, labels, tmpdir, progress, align, metrics, offsets, same_content, duplicates,
-            after_run=None):
+def _ingest(
+    con, paths, rank, labels, tmpdir, progress, align, metrics, offsets, same_content, duplicates, after_run=None
+):
     offsets = {Path(k): v for k, v in (offsets or {}).items()}
     exported: dict[Path, Path] = {}  # export -> the native report it came from
     try:
@@ -132,8 +133,9 @@ def _ingest(con, paths, rank, labels, tmpdir, progress, align, metrics, offsets,
         inputs = expand(paths, **options)
         done: list[IngestResult] = []
         try:
-            _ingest_all(con, inputs, options, rank, labels, progress, align, offsets, same_content, duplicates, done,
-                        after_run)
+            _ingest_all(
+                con, inputs, options, rank, labels, progress, align, offsets, same_content, duplicates, done, after_run
+            )
         except TracekitError as e:
             if not done:
                 raise
@@ -167,7 +169,17 @@ class Part:
 
 
 def _ingest_all(
-    con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results,
+    con,
+    inputs: list[Input],
+    options: dict,
+    rank,
+    labels,
+    progress,
+    align,
+    offsets,
+    same_content,
+    duplicates,
+    results,
     after_run=None,
 ) -> None:
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
