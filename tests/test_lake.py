@@ -261,3 +261,14 @@ def test_two_ingests_at_once_take_turns(tmp_path):
         assert trace.sql("SELECT count(DISTINCT event_id) = count(*), count(DISTINCT run_id) FROM events").fetchall()[
             0
         ] == (True, 2)
+
+
+def test_the_files_read_with_polars_and_pandas_as_docs_lake_md_says(tmp_path):
+    pl = pytest.importorskip("polars")
+    pd = pytest.importorskip("pandas")
+    root = tmp_path / "lake"
+    api.ingest_lake(root, *_inputs("gloo"))
+    events = pl.scan_parquet(f"{root}/event_rows/*/*.parquet")
+    assert events.select(pl.len()).collect().item() == 2 * 1161
+    assert pl.read_parquet(f"{root}/runs/*/*.parquet")["run_id"].sort().to_list() == [1, 2]
+    assert sorted(pd.read_parquet(root / "ingest_log", partitioning=None)["run_id"]) == [1, 2]
