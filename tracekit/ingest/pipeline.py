@@ -169,19 +169,9 @@ class Part:
 
 
 def _ingest_all(
-    con,
-    inputs: list[Input],
-    options: dict,
-    rank,
-    labels,
-    progress,
-    align,
-    offsets,
-    same_content,
-    duplicates,
-    results,
+    con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results,
     after_run=None,
-) -> None:
+) -> None:  # fmt: skip
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
     units = plan([i.path for i in inputs], readers=[i.reader for i in inputs])
     units, replaced = _without_duplicates(con, inputs, units, same_content, duplicates)
