@@ -272,3 +272,14 @@ def test_the_files_read_with_polars_and_pandas_as_docs_lake_md_says(tmp_path):
     assert events.select(pl.len()).collect().item() == 2 * 1161
     assert pl.read_parquet(f"{root}/runs/*/*.parquet")["run_id"].sort().to_list() == [1, 2]
     assert sorted(pd.read_parquet(root / "ingest_log", partitioning=None)["run_id"]) == [1, 2]
+
+
+def test_a_lake_diffs_against_a_database_file(tmp_path):
+    """Trace.diff copies a lake's runs into its scratch database as it copies a database file's."""
+    paths = _inputs("gloo")
+    api.ingest_lake(tmp_path / "lake", *paths)
+    with tracekit.open(*paths, db=tmp_path / "plain.duckdb") as plain, tracekit.open(tmp_path / "lake") as lk:
+        with tracekit.open(*paths) as other:
+            expected = plain.diff(other)
+        assert lk.diff(plain) == expected
+        assert plain.diff(lk) == expected
