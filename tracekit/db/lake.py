@@ -60,7 +60,7 @@ def is_lake(path) -> bool:
 
 def holds_only_lake_entries(root: Path) -> bool:
     """An empty folder, or one holding what a lake's first ingest makes before its catalog."""
-    own = {*run_tables(), CATALOG, f"{CATALOG}.tmp", STATE, f"{STATE}.tmp", LOCK, STAGING}
+    own = {*run_tables(), CATALOG, f"{CATALOG}.new", STATE, f"{STATE}.tmp", LOCK, STAGING}
     return all(entry.name in own for entry in os.scandir(root))
 
 
@@ -289,13 +289,13 @@ def publish(root: Path, stage: Path, run_ids: list[int], before_runs=None) -> No
 
 
 def build_catalog(root: Path) -> Path:
-    """A new catalog for the lake at `root`, beside it (catalog.duckdb.tmp), its per-run tables
+    """A new catalog for the lake at `root`, beside it (catalog.duckdb.new), its per-run tables
     still empty tables: `install_catalog` points them at the files once the first runs are in."""
     import duckdb
 
     from tracekit.db.connection import STORAGE_COMPATIBILITY
 
-    tmp = root / f"{CATALOG}.tmp"
+    tmp = root / f"{CATALOG}.new"
     tmp.unlink(missing_ok=True)
     con = duckdb.connect(str(tmp), config={"storage_compatibility_version": STORAGE_COMPATIBILITY})
     try:
