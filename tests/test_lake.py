@@ -283,3 +283,22 @@ def test_a_lake_diffs_against_a_database_file(tmp_path):
             expected = plain.diff(other)
         assert lk.diff(plain) == expected
         assert plain.diff(lk) == expected
+
+
+def test_a_catalog_of_an_older_tracekit_is_brought_up_to_date(tmp_path):
+    """A new tracekit (another stdlib digest) re-creates the stdlib and the views over the same files,
+    on a read-only open too."""
+    import duckdb
+
+    root = tmp_path / "lake"
+    api.ingest_lake(root, *_inputs("gloo"))
+    with tracekit.open(root) as trace:
+        expected = trace.finding_records()
+    con = duckdb.connect(str(root / lake.CATALOG))
+    con.execute("UPDATE tracekit_meta SET value = 'older' WHERE key = 'stdlib_digest'")
+    con.execute("DROP VIEW kernels")  # a view the older stdlib did not have
+    con.close()
+    with tracekit.open(root, read_only=True) as trace:
+        assert trace.sql("SELECT count(*) FROM kernels").fetchall()[0][0] > 0
+    with tracekit.open(root) as trace:
+        assert trace.finding_records() == expected
