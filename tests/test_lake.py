@@ -16,7 +16,7 @@ import pytest
 import tracekit
 from tests.conftest import corpus, sample
 from tracekit import api, db
-from tracekit.db import lake
+from tracekit.db import lake, stdlib
 from tracekit.errors import TracekitError
 
 TRACEKIT = str(Path(sys.executable).with_name("tracekit"))
@@ -135,6 +135,12 @@ def test_cli_sql_analyze_and_the_duckdb_cli(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [str(kernels), str(2 * 1161), "2"]
+    # every public table and view binds there, as in a database file (tests/test_duckdb_cli.py)
+    queries = [f"SELECT count(*) FROM {rel};" for rel in stdlib.public("table") + stdlib.public("view")]
+    out = subprocess.run([DUCKDB_CLI, "-readonly", "-csv", "-noheader", str(moved / "catalog.duckdb"), "-c",
+                          "".join(queries)], capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert len(out.stdout.split()) == len(queries)
 
 
 def _snapshot(root: Path) -> dict:
