@@ -106,6 +106,37 @@ def open(
         raise
 
 
+@dataclass
+class LakeIngest:
+    """What `ingest_lake` did: an IngestResult per file ingested, a Duplicate per trace skipped."""
+
+    lake: Path
+    ingested: list = field(default_factory=list)
+    duplicates: list = field(default_factory=list)
+
+
+def ingest_lake(lake, *inputs, labels=None, offsets=None, rank=None, metrics=(), progress=None) -> LakeIngest:
+    """Ingest inputs into the trace lake at `lake` (a folder, created when missing; docs/lake.md):
+    each run as Parquet files, all of them or, when one input fails, none. A trace the lake holds
+    already is skipped. `tracekit.open(lake)` then opens it as a database."""
+    from tracekit.ingest.lake import ingest_lake as into_lake
+    from tracekit.ingest.offsets import parse_offsets
+
+    paths = [Path(p) for p in inputs]
+    if any(is_database(p) for p in paths):
+        raise TracekitError("a lake ingests trace files and folders, not a database")
+    if isinstance(offsets, dict):
+        offsets = [f"{name}={value}" for name, value in offsets.items()]
+    if isinstance(labels, str):
+        labels = [labels]
+    duplicates: list = []
+    results = into_lake(
+        lake, paths, duplicates=duplicates, rank=rank, labels=list(labels) if labels else None, progress=progress,
+        metrics=tuple(metrics), offsets=parse_offsets(offsets or (), paths),
+    )  # fmt: skip
+    return LakeIngest(Path(lake), results, duplicates)
+
+
 def side_labels(side: str, paths) -> list[str]:
     """Run labels `side/<file name without .json/.gz>`, as `tracekit diff` names the two sides."""
     out = []
@@ -200,6 +231,8 @@ class Trace:
 
         if self._db.read_only:
             raise TracekitError(f"{self._db.path}: opened read-only; cannot add inputs")
+        if self._db.path is not None and self._db.path.is_dir():
+            raise TracekitError(f"{self._db.path}: a lake takes inputs through tracekit ingest --lake (ingest_lake)")
         paths = [Path(p) for p in inputs]
         if any(is_database(p) for p in paths):
             raise TracekitError("add takes trace files and folders; a database is compared with Trace.diff")
@@ -472,6 +505,8 @@ class _Database:
         path = Path(path) if path is not None else None
         if path is not None and must_exist and not path.exists():
             raise TracekitError(f"{path}: database not found")
+        if path is not None and path.is_dir() and not is_database(path):
+            raise TracekitError(f"{path}: a folder that is not a tracekit lake (no catalog.duckdb in it)")
         if path is not None and path.is_file() and path.stat().st_size and not is_database(path):
             raise TracekitError(
                 f"{path}: not a tracekit database (no DuckDB header); to query a trace, ingest it first: "
@@ -680,8 +715,13 @@ def _request(rules, params) -> tuple[list[str] | None, dict[str, dict], str]:
 
 
 def is_database(path) -> bool:
-    """A DuckDB database file, by its .duckdb suffix or its header."""
+    """A DuckDB database file, by its .duckdb suffix or its header, or a trace lake (a folder holding
+    its catalog.duckdb, see tracekit.db.lake)."""
     path = Path(path)
+    if path.is_dir():
+        from tracekit.db.lake import is_lake
+
+        return is_lake(path)
     if path.suffix == ".duckdb":
         return True
     try:

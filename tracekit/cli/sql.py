@@ -10,12 +10,12 @@ from tracekit.cli.options import CONTEXT, coerce, output_options
 
 
 @click.command("sql", context_settings=CONTEXT)
-@click.argument("db_path", type=click.Path(dir_okay=False))
+@click.argument("db_path", type=click.Path())
 @click.argument("query")
 @click.option("-p", "--param", "params", multiple=True, nargs=2, help="Named parameter: -p run_id 1 binds $run_id.")
 @output_options(output=True)
 def command(db_path, query, params, fmt, output):
-    """Run SQL against a trace database, read-only ("-" reads the query from stdin).
+    """Run SQL against a trace database or lake, read-only ("-" reads the query from stdin).
 
     \b
         tracekit sql run.duckdb "SELECT kind, count(*) FROM events GROUP BY 1" -f json

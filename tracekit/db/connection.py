@@ -19,6 +19,10 @@ STORAGE_COMPATIBILITY = "v1.4.0"
 def connect(path: str | None = None, read_only: bool = False):
     import duckdb  # imported here so that `tracekit --help` stays fast
 
+    if path is not None and os.path.isdir(path):  # a trace lake: its catalog (tracekit.db.lake)
+        from tracekit.db import lake
+
+        return lake.connect(path, read_only=read_only)
     config = {} if read_only else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
     con = duckdb.connect(path or ":memory:", read_only=read_only, config=config)
     # DuckDB runs an ASOF join as a nested loop when it expects few rows on the left; the stdlib's
@@ -99,7 +103,22 @@ def table_columns(con) -> dict[str, list[str]]:
             "AND schema_name = 'main' AND NOT temporary ORDER BY table_name"
         ).fetchall()
     ]
+    # a lake's per-run tables are views over its Parquet files (tracekit.db.lake)
+    tables += [
+        name
+        for (name,) in con.execute(
+            "SELECT view_name FROM duckdb_views() WHERE database_name = current_database() AND schema_name = 'main' "
+            "AND NOT temporary AND list_contains(?, view_name) ORDER BY view_name",
+            [list(lake_tables())],
+        ).fetchall()
+    ]
     return {t: [d[0] for d in con.execute(f'SELECT * FROM main."{t}" LIMIT 0').description] for t in tables}
+
+
+def lake_tables() -> tuple[str, ...]:
+    from tracekit.db import lake
+
+    return lake.run_tables()
 
 
 def run_tables(con) -> list[str]:

@@ -18,6 +18,10 @@ POINTS = (
     "committed",  # everything is committed, the temporary files not yet removed
 )
 
+# a lake ingest's (tracekit.ingest.lake): every run staged as Parquet, nothing renamed into the lake
+# yet; and every table's partitions renamed in but `runs`
+LAKE_POINTS = ("lake_staged", "lake_renamed")
+
 
 def reached(point: str) -> None:
     if os.environ.get("TRACEKIT_KILL_AT") == point:

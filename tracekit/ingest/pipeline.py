@@ -71,6 +71,7 @@ def ingest(
     offsets: dict | None = None,
     same_content: str = "skip",
     duplicates: list | None = None,
+    after_run: Callable[[list[IngestResult]], None] | None = None,
 ) -> list[IngestResult]:
     """Ingest files and folders (see inputs.expand) in order, the logs that join a trace with it (see
     plan); one IngestResult per file.
@@ -83,13 +84,16 @@ def ingest(
     `align`: shift a log attached to a trace onto the trace's clock by the offset measured on the
     events both share (runtime-event logs) or on their windows (server logs); `offsets` (path -> ns)
     overrides that for the files it names and shifts any other input as a whole.
+
+    `after_run`: called with the IngestResults of each run (of a file split by process: its runs)
+    once they are committed, before the next input loads (tracekit.ingest.lake moves them out).
     """
     tempfiles.sweep(tmpdir)  # what killed ingests staged
     # asked now: a write that finds the disk full invalidates the connection
     database = pending.database_file(con)
     try:
         return _ingest(con, [Path(p) for p in paths], rank, labels, tmpdir, progress, align, metrics, offsets,
-                       same_content, duplicates)  # fmt: skip
+                       same_content, duplicates, after_run)  # fmt: skip
     except Exception as e:
         temporary = tmpdir or tempfile.gettempdir()
         full = out_of_space(e, temporary, _room_needed(paths, temporary, database))
@@ -114,7 +118,9 @@ def _room_needed(paths, temporary: str, database: str | None) -> dict[str, int]:
     return needs
 
 
-def _ingest(con, paths, rank, labels, tmpdir, progress, align, metrics, offsets, same_content, duplicates):
+def _ingest(
+    con, paths, rank, labels, tmpdir, progress, align, metrics, offsets, same_content, duplicates, after_run=None
+):
     offsets = {Path(k): v for k, v in (offsets or {}).items()}
     exported: dict[Path, Path] = {}  # export -> the native report it came from
     try:
@@ -127,7 +133,9 @@ def _ingest(con, paths, rank, labels, tmpdir, progress, align, metrics, offsets,
         inputs = expand(paths, **options)
         done: list[IngestResult] = []
         try:
-            _ingest_all(con, inputs, options, rank, labels, progress, align, offsets, same_content, duplicates, done)
+            _ingest_all(
+                con, inputs, options, rank, labels, progress, align, offsets, same_content, duplicates, done, after_run
+            )
         except TracekitError as e:
             if not done:
                 raise
@@ -161,8 +169,9 @@ class Part:
 
 
 def _ingest_all(
-    con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results
-) -> None:
+    con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results,
+    after_run=None,
+) -> None:  # fmt: skip
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
     units = plan([i.path for i in inputs], readers=[i.reader for i in inputs])
     units, replaced = _without_duplicates(con, inputs, units, same_content, duplicates)
@@ -177,11 +186,14 @@ def _ingest_all(
                     parts += [reads.get(i) for i in log_indexes]
                     started = time.perf_counter()  # the logs' own time is theirs
                     parts.append(reads.get(first))
-                    results += _ingest_run(con, parts[-1], parts[:-1], rank, label, started, align, offsets)
+                    run_results = _ingest_run(con, parts[-1], parts[:-1], rank, label, started, align, offsets)
+                    results += run_results
                 finally:
                     _cleanup(*parts)
                 if replaced.get(first):
                     delete_runs(con, replaced[first])
+                if after_run is not None:
+                    after_run(run_results)
         except BaseException:
             reads.discard()
             raise
