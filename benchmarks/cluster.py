@@ -112,8 +112,8 @@ def cluster_stats(report: dict | None) -> tuple[float | None, float | None]:
     c = (report or {}).get("cluster")
     if not isinstance(c, dict):
         return None, None
-    rss = [w.get("peak_rss_mb") for w in c.get("workers") or [] if isinstance(w, dict)]
-    rss = [x for x in rss if isinstance(x, (int, float))]
+    per_worker = c.get("peak_rss_mb")  # {worker address: MB}
+    rss = [x for x in (per_worker.values() if isinstance(per_worker, dict) else []) if isinstance(x, (int, float))]
     red = c.get("reduce_seconds")
     return (max(rss) if rss else None), (red if isinstance(red, (int, float)) else None)
 

@@ -141,12 +141,14 @@ def test_a_truncated_rank_is_left_out_and_named(tmp_path):
     assert [r["rank"] for r in job.runs] == [0, 2, 3] and [r["run_id"] for r in job.runs] == [1, 2, 3]
 
 
-def test_the_cli_reports_a_missing_rank_and_exits_2(tmp_path):
+def test_the_cli_reports_a_missing_rank_and_exits_2(tmp_path, scheduler):
+    # on an existing cluster (--scheduler), the module's: the CLI path for a cluster it did not start
     bad = tmp_path / "rank1.json.gz"
     bad.write_bytes(b"\x1f\x8b garbage")
-    proc = subprocess.run([TRACEKIT, "analyze", GLOO[0], bad, "--workers", "0", "--format", "json"],
+    proc = subprocess.run([TRACEKIT, "analyze", GLOO[0], bad, "--scheduler", scheduler, "--format", "json"],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert json.loads(proc.stdout)["cluster"]["backend"].startswith("dask")
     assert [line for line in proc.stderr.splitlines() if str(bad) in line]
     doc = json.loads(proc.stdout)
     assert [m["path"] for m in doc["cluster"]["missing"]] == [str(bad)]
