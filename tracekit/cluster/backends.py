@@ -130,7 +130,7 @@ class DaskBackend:
         return self._gather(futures, [None] * len(futures), "ingested")
 
     def analyze(self, jobs, collectives, rules, params, summaries=True) -> list:
-        shared = self.client.scatter(collectives, broadcast=True) if collectives is not None else None
+        shared = self._share(collectives) if collectives is not None else None
         futures, pinned = [], []
         for ingested, remap, base in jobs:
             futures.append(self.client.submit(
@@ -139,6 +139,19 @@ class DaskBackend:
             ))  # fmt: skip
             pinned.append(ingested.worker)
         return self._gather(futures, pinned, "analysed")
+
+    def _share(self, collectives):
+        """The peers' collectives, sent to every worker once; when a worker has just died (the
+        scheduler still lists it, so the broadcast to it fails), again after a moment, and at last
+        with each task instead, so one lost worker does not end the job."""
+        import time
+
+        for attempt in range(3):
+            try:
+                return self.client.scatter(collectives, broadcast=True)
+            except OSError:  # distributed's CommClosedError and StreamClosedError are OSErrors
+                time.sleep(self.poll_seconds * (attempt + 1))
+        return collectives
 
     def _gather(self, futures, pinned, phase: str) -> list:
         """Each task's result, or its error; a task pinned to a worker that left is given up."""
