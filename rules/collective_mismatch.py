@@ -46,6 +46,7 @@ from tracekit.engine.phrases import plural, rerun
 from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
+from tracekit.rules import _ranks
 
 # Each rank's collectives per process group in their order on that rank. The evidence query.
 SEQUENCES_SQL = """
@@ -73,18 +74,13 @@ ORDER BY c.process_group, c.rank
     scope="job",
 )
 def check(con, params, ctx):
-    jobs = rows(
-        con,
-        "SELECT world_size FROM runs WHERE rank IS NOT NULL AND world_size > 1 "
-        "GROUP BY world_size HAVING count(DISTINCT rank) > 1 ORDER BY world_size",
-    )
-    for job in jobs:
+    for world_size in _ranks.world_sizes(con):
         groups: dict[str, list] = {}
-        for seq in rows(con, SEQUENCES_SQL, {"world_size": job.world_size}):
+        for seq in rows(con, SEQUENCES_SQL, {"world_size": world_size}):
             groups.setdefault(seq.process_group, []).append(seq)
         for group, members in groups.items():
             if len(members) >= 2:
-                yield from _group(ctx, params, job.world_size, group, members)
+                yield from _group(ctx, params, world_size, group, members)
 
 
 def _majority(members: list) -> list[str]:

@@ -60,6 +60,7 @@ from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
+from tracekit.rules import _ranks
 from tracekit.units import duration
 
 # Per rank: its mean wait for the peers per iteration, over the steady steps' iterations (every step
@@ -145,13 +146,8 @@ DATA_LOADING = ("DataLoader", "dataloader", "_next_data", "__next__")
     scope="job",
 )
 def check(con, params, ctx):
-    jobs = rows(
-        con,
-        "SELECT world_size, count(DISTINCT rank) AS ranks FROM runs WHERE rank IS NOT NULL AND world_size > 1 "
-        "GROUP BY world_size HAVING count(DISTINCT rank) > 1 ORDER BY world_size",
-    )
-    for job in jobs:
-        finding = _job(con, ctx, params, job.world_size)
+    for world_size in _ranks.world_sizes(con):
+        finding = _job(con, ctx, params, world_size)
         if finding is not None:
             yield finding
 
@@ -229,6 +225,13 @@ def _cause_text(cause: dict, rank: int) -> str:
     what = "kernel" if cause["kind"] == "kernel" else "op"
     where = "and does not run on the other ranks" if cause["only_here"] else f"{excess} more than its peers' median"
     return f"{what} `{cause['name']}` takes {per_step} per iteration on rank {rank}{'' if cause['only_here'] else ','} {where}"
+
+
+def _where(cause: dict | None) -> dict:
+    """The locality keys of a named cause: its op on the host, its kernel on the GPU."""
+    if cause is None or not cause.get("name"):
+        return {}
+    return {"op" if cause["layer"] == "host" else "kernel": cause["name"]}
 
 
 def _others(peers) -> str:
@@ -318,13 +321,7 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
         severity=severity,
         confidence=min(0.95, 0.5 + 0.5 * consistency.below / max(consistency.steps, 1)),
         title=title,
-        locality=locality(
-            run,
-            op=cause["name"] if cause is not None and cause["layer"] == "host" else None,
-            kernel=cause["name"] if cause is not None and cause["layer"] == "gpu" else None,
-        )
-        if cause is not None and cause.get("name")
-        else locality(run),  # fmt: skip
+        locality=locality(run, **_where(cause)),
         observed=Quantity(int(held), "ns", "median of the other ranks' wait per iteration minus this rank's"),
         expected=Quantity(int(params["min_held_share"] * iteration), "ns", "at most min_held_share of the iteration"),
         impact_ns=int(held * slow.steps),
@@ -349,7 +346,7 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
             "collective": {"process_group": at.process_group, "collective": at.collective, "held_ns": int(at.held_ns)}
             if at is not None
             else None,
-            "causes": [c for c in causes[:5]],
+            "causes": causes[:5],
             "explained": cause is not None,
         },
     )
