@@ -6,7 +6,7 @@ import os
 import tempfile
 
 from tracekit import __version__, tempfiles
-from tracekit.db import pending, stdlib
+from tracekit.db import pending, schema_template, stdlib
 from tracekit.db.schema import SCHEMA_VERSION
 
 # The oldest DuckDB whose storage format new database files are written in. A file in a newer
@@ -24,6 +24,8 @@ def connect(path: str | None = None, read_only: bool = False):
 
         return lake.connect(path, read_only=read_only)
     config = {} if read_only else {"storage_compatibility_version": STORAGE_COMPATIBILITY}
+    if path is not None and not read_only and not os.path.exists(path):
+        schema_template.create_from_template(path, _digest(True), _build_template)
     con = duckdb.connect(path or ":memory:", read_only=read_only, config=config)
     # DuckDB runs an ASOF join as a nested loop when it expects few rows on the left; the stdlib's
     # windows (steps, steady pieces) are estimated at one row whatever their number, and a nested
@@ -41,6 +43,16 @@ def connect(path: str | None = None, read_only: bool = False):
         if path is not None:
             pending.remove_leftovers(con, run_tables(con))
     return con
+
+
+def _build_template(path: str) -> None:
+    import duckdb
+
+    con = duckdb.connect(path, config={"storage_compatibility_version": STORAGE_COMPATIBILITY})
+    try:
+        ensure_schema(con, comments=True)
+    finally:
+        con.close()
 
 
 def bound_memory(con, input_bytes: int) -> None:
