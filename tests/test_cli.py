@@ -252,6 +252,12 @@ def test_output_file_quiet_and_verbose(tmp_path):
     ingested = [line for line in lines if line.startswith(f"ingested {eager}: ")]
     assert len(ingested) == 1 and " events (0 skipped) in " in ingested[0]
     assert any(line.startswith("rules: ") for line in lines)
+    # where the rule run's time went: the selected rule, the shared views and the quality checks,
+    # slowest first, and nothing else
+    timed = [line.strip() for line in lines if line.startswith("  ")]
+    assert {t.split(":")[0] for t in timed} == {"H001 host-sync", "shared views", "data-quality checks"}
+    shares = [int(t.rsplit("(", 1)[1].rstrip("%)")) for t in timed]
+    assert shares == sorted(shares, reverse=True) and 97 <= sum(shares) <= 103
     assert json.loads(loud.stdout)["findings"]  # the output itself is unchanged
 
 

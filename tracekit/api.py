@@ -155,6 +155,9 @@ class Analysis:
     key: str
     findings: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    # wall seconds per rule code, plus the shared views and data-quality checks (engine.runner); not
+    # part of any document: two analyses of one trace give the same documents
+    timings: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 class Trace:
@@ -295,6 +298,7 @@ class Trace:
             full.key,
             [f for f in full.findings if self._holds(f.locality.get("run_id"), everything)],
             [n for n in full.notes if n.run_id is None or n.run_id in self._run_ids],
+            full.timings,
         )
 
     def finding_records(self, rules=None, params=None) -> list[dict]:
@@ -546,7 +550,25 @@ class _Database:
         self.companions.clear()
         for serial in list(self._cursors):
             self._release(serial)
+        if self.path is not None and not self.read_only:
+            self._checkpoint()
         self.con.close()
+
+    def _checkpoint(self) -> None:
+        """Write the session's changes into the database file now, where a failure can be said: at
+        close DuckDB drops a failed checkpoint silently and leaves the changes in the `.wal` file
+        beside it, which a copy or a rename of the database file does not take along."""
+        import duckdb
+
+        try:
+            self.con.execute("CHECKPOINT")
+        except duckdb.ConnectionException:  # closed already
+            return
+        except duckdb.Error as e:
+            raise TracekitError(
+                f"{self.path}: could not write the database file ({' '.join(str(e).split())[:300]}); "
+                f"this session's changes are in {self.path}.wal, which must stay beside it"
+            ) from None
 
     def run_ids(self) -> list[int]:
         return [r[0] for r in self.con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
@@ -565,8 +587,9 @@ class _Database:
         if scope is not None:
             key = f"{key};scope={scope}"
         if key not in self.analyses:
-            findings, notes = run_rules(self.con, select, overrides, scope=scope)
-            self.analyses[key] = Analysis(key, rank(findings), notes)
+            timings: dict[str, float] = {}
+            findings, notes = run_rules(self.con, select, overrides, scope=scope, timings=timings)
+            self.analyses[key] = Analysis(key, rank(findings), notes, timings)
             if not self.read_only:
                 self._store(key, findings)
         return self.analyses[key]

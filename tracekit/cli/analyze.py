@@ -69,7 +69,7 @@ def command(
         tracekit analyze /shared/traces/rank*.json.gz --workers 8       # map/reduce over ranks (docs/cluster.md)
     """
     from tracekit import api
-    from tracekit.cli.console import open_inputs, timed
+    from tracekit.cli.console import open_inputs, rule_timings, timed
     from tracekit.cli.console import output as output_stream
     from tracekit.findings.model import SEVERITY_RANK
     from tracekit.findings.report import worst_severity
@@ -93,7 +93,9 @@ def command(
     with contextlib.ExitStack() as stack:
         trace = stack.enter_context(open_inputs(traces, db=db_path, rank=rank, metrics=metrics))
         with timed("rules"):
-            findings = trace.analysis(rule_keys, overrides).findings
+            analysis = trace.analysis(rule_keys, overrides)
+        rule_timings(analysis.timings)
+        findings = analysis.findings
         report = trace.report_document(rule_keys, overrides, max_findings)
         base = diff_doc = status_doc = None
         if baselines:

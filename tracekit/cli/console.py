@@ -39,6 +39,22 @@ def timed(what: str):
     detail(f"{what}: {duration((time.perf_counter() - started) * 1e9)}")
 
 
+def rule_timings(timings: dict[str, float]) -> None:
+    """With -v, each rule's share of the rule run, slowest first: where analyze time goes."""
+    if verbosity() <= 0 or not timings:
+        return
+    from tracekit.engine.registry import get_rule
+    from tracekit.units import duration
+
+    total = sum(timings.values()) or 1.0
+    for key, seconds in sorted(timings.items(), key=lambda kv: -kv[1]):
+        try:
+            label = f"{key} {get_rule(key).name}"
+        except KeyError:  # the shared views and the data-quality checks are no rule
+            label = key
+        detail(f"  {label}: {duration(seconds * 1e9)} ({seconds / total:.0%})")
+
+
 @contextmanager
 def output(path: Path | None):
     """The stream a verb writes its output to: the -o file, else stdout."""

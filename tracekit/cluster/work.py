@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import socket
 import tempfile
 import time
@@ -107,19 +106,6 @@ def chunk_database(chunk: Chunk, folder: str | None = None) -> Path:
     return Path(folder) / f"{tempfiles.prefix()}chunk{chunk.index}-{uuid.uuid4().hex[:8]}.duckdb"
 
 
-def empty_database(path: Path) -> None:
-    """A database file with tracekit's schema at `path`, copied from one this process made before:
-    installing the schema into a file (with its comments) costs about a second, a copy milliseconds."""
-    from tracekit import api, tempfiles
-
-    template = path.parent / f"{tempfiles.prefix()}schema.duckdb"
-    if not template.exists():
-        made = path.parent / f"{tempfiles.prefix()}schema-{uuid.uuid4().hex[:8]}.duckdb"
-        api.open(db=made).close()
-        os.replace(made, template)  # whole or not at all, should two threads of a worker race
-    shutil.copyfile(template, path)
-
-
 def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), folder: str | None = None) -> Ingested:
     """Phase 1: the chunk's files into a database file of its own; a file that cannot be read is
     named in `failed` and the others are ingested."""
@@ -127,8 +113,7 @@ def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), fol
 
     started = time.perf_counter()
     path = chunk_database(chunk, folder)
-    empty_database(path)
-    trace = api.open(db=path)
+    trace = api.open(db=path)  # a new file: a copy of the cached schema template (tracekit.db.schema_template)
     try:
         con = trace.connection
         # the ids a database of every input gives: the chunk's first input is run first + 1

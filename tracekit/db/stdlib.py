@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 from tracekit.db.schema import DEVICE_KINDS
 
@@ -171,5 +172,17 @@ def _defer_binding_supported() -> bool:
 
 @cache
 def digest() -> str:
-    """Names the stdlib's version: a database holding this digest needs no DDL."""
-    return hashlib.sha256(install_script().encode()).hexdigest()[:16]
+    """Names the stdlib's version: a database holding this digest needs no DDL.
+
+    Hashed from what the install script is made of (the SQL files, this module, the device kinds
+    and the DuckDB version that decides DEFER_BINDING), not from the script itself: opening an
+    up-to-date database then costs neither the parse of every file nor a probe connection."""
+    import duckdb
+
+    h = hashlib.sha256()
+    folder = resources.files("tracekit.db").joinpath("views")
+    for name in sorted(p.name for p in folder.iterdir() if p.name.endswith(".sql")):
+        h.update(name.encode() + b"\0" + folder.joinpath(name).read_bytes() + b"\0")
+    h.update(Path(__file__).read_bytes())
+    h.update(repr((DEVICE_KINDS, duckdb.__version__)).encode())
+    return h.hexdigest()[:16]

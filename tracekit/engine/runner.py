@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from tracekit.engine import quality
 from tracekit.engine.registry import DataQuality, Rule, all_rules, get_rule
 from tracekit.engine.shared_views import computed_once
@@ -21,34 +23,58 @@ def missing_inputs(con, rule: Rule) -> list[str]:
     return missing
 
 
-def run_rules(con, select: list[str] | None = None, params: dict[str, dict] | None = None, scope: str | None = None):
+SHARED = "shared views"  # the keys of `timings` that are no rule code
+QUALITY = "data-quality checks"
+
+
+def run_rules(
+    con,
+    select: list[str] | None = None,
+    params: dict[str, dict] | None = None,
+    scope: str | None = None,
+    timings: dict[str, float] | None = None,
+):
     """Returns (findings, data_quality notes) from the selected rules (all when select is None), of
-    one scope only when `scope` is given ("run" in a cluster worker, "job" in its reducer)."""
+    one scope only when `scope` is given ("run" in a cluster worker, "job" in its reducer).
+    `timings`, when given, receives the wall seconds of each rule by code, of the shared views
+    (SHARED) and of the data-quality checks (QUALITY)."""
     rules = [get_rule(k) for k in select] if select else all_rules()
     if scope is not None:
         rules = [r for r in rules if r.scope == scope]
+    timings = {} if timings is None else timings
+    started = time.perf_counter()
     with computed_once(con):
-        return _run(con, rules, params or {})
+        timings[SHARED] = time.perf_counter() - started
+        return _run(con, rules, params or {}, timings)
 
 
-def _run(con, rules: list[Rule], params: dict[str, dict]):
+def _run(con, rules: list[Rule], params: dict[str, dict], timings: dict[str, float]):
     import duckdb
 
     ctx = Context(con)
     findings: list[Finding] = []
+    started = time.perf_counter()
     notes: list[DataQuality] = quality.notes(ctx) if any(r.scope == "run" for r in rules) else []
+    timings[QUALITY] = time.perf_counter() - started
     for rule in rules:
-        missing = missing_inputs(con, rule)
-        if missing:
-            notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
-            continue
-        values = rule.resolve_params(params.get(rule.code, {}))
-        produced: list = []
+        started = time.perf_counter()
         try:
-            produced.extend(rule.check(con, values, ctx))
-        except duckdb.Error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
-            notes.append(DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}"))
-            continue
-        for item in produced:
-            (notes if isinstance(item, DataQuality) else findings).append(item)
+            _run_one(con, rule, params, ctx, findings, notes, duckdb.Error)
+        finally:
+            timings[rule.code] = time.perf_counter() - started
     return findings, notes
+
+
+def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, findings: list, notes: list, db_error) -> None:
+    missing = missing_inputs(con, rule)
+    if missing:
+        notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
+        return
+    values = rule.resolve_params(params.get(rule.code, {}))
+    try:
+        produced = list(rule.check(con, values, ctx))
+    except db_error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
+        notes.append(DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}"))
+        return
+    for item in produced:
+        (notes if isinstance(item, DataQuality) else findings).append(item)
