@@ -122,3 +122,43 @@ def test_every_view_bound_in_a_later_session_still_checkpoints(tmp_path, cache):
         finally:
             con.close()
     assert failed == []
+
+
+def test_an_in_memory_database_is_filled_from_the_template_with_its_comments(cache):
+    """COPY FROM DATABASE re-creates each view from its printed SQL, so the view texts differ from the
+    files' in layout; every view gives the same rows as an installed one on real traces of each
+    kind (two gloo ranks, a CUDA-graph capture, an Nsight Compute report)."""
+    from tests.conftest import sample
+    from tracekit.ingest.pipeline import ingest
+
+    from_template = db.connect(None)
+    assert list(cache.glob("schema-*.duckdb"))
+    installed = duckdb.connect()
+    installed.execute("SET asof_loop_join_threshold = 0")
+    db.ensure_schema(installed, comments=True)
+
+    def catalog(con):
+        return (
+            con.execute("SELECT view_name, comment FROM duckdb_views() WHERE NOT internal ORDER BY 1").fetchall(),
+            con.execute("SELECT table_name, sql, comment FROM duckdb_tables() ORDER BY 1").fetchall(),
+            con.execute(
+                "SELECT table_name, column_name, data_type, comment FROM duckdb_columns() ORDER BY 1, 2"
+            ).fetchall(),
+            con.execute(
+                "SELECT function_name, comment FROM duckdb_functions() WHERE NOT internal AND "
+                "function_type IN ('macro', 'table_macro') ORDER BY 1"
+            ).fetchall(),
+            con.execute("SELECT * FROM tracekit_meta ORDER BY key").fetchall(),
+        )
+
+    assert catalog(from_template) == catalog(installed)
+    assert not from_template.execute("SELECT count(*) FROM duckdb_databases() WHERE NOT internal "
+                                     "AND database_name <> 'memory'").fetchone()[0]  # fmt: skip
+    traces = [sample(n) for n in ("gloo_rank0.json.gz", "gloo_rank1.json.gz", "cudagraph_capture.json.gz",
+                                  "ncu_tiles_repeated_heavy.csv")]  # fmt: skip
+    for con in (from_template, installed):
+        ingest(con, traces)
+    views = [v for (v, _) in catalog(installed)[0]]
+    for view in views:
+        query = f"SELECT * FROM {view} ORDER BY ALL"
+        assert from_template.execute(query).fetchall() == installed.execute(query).fetchall(), view

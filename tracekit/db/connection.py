@@ -36,9 +36,12 @@ def connect(path: str | None = None, read_only: bool = False):
         con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), tempfiles.prefix() + "duckdb")])
     if read_only and path is not None:
         pending.report_leftovers(con)
+    if path is None and not read_only:
+        schema_template.copy_into(con, _digest(True), _build_template)
     if not read_only:
-        # an in-memory database lives as long as this process: its comments would cost more than the
-        # rest of the schema (one catalog change per column) for readers that never look at them
+        # without the template, an in-memory database goes without the comments: they would cost
+        # more than the rest of the schema (one catalog change per column) in a database that lives
+        # as long as this process, for readers that rarely look at them
         ensure_schema(con, comments=path is not None)
         if path is not None:
             pending.remove_leftovers(con, run_tables(con))
