@@ -31,6 +31,7 @@ bench: $(VENV)/.installed
 
 bench-cluster: $(VENV)/.installed
 	$(BIN)/python benchmarks/cluster.py
+	cd benchmarks && ../$(BIN)/python reduce_scale.py
 
 bench-formats: $(VENV)/.installed
 	$(BIN)/python benchmarks/formats.py
