@@ -145,11 +145,14 @@ def _sample_keys(array_path: Path) -> tuple[list[str], bool]:
     (a DuckDB schema sniff costs ~0.25 s even on small files), and whether those events look like a
     generic Chrome trace (a phase or key Kineto never writes)."""
     with open(array_path, "rb") as f:
-        text = f.read(EXTRA_KEY_SAMPLE).decode("utf-8", "ignore")
+        head = f.read(EXTRA_KEY_SAMPLE)
+    events = _whole_events(head)
+    if events is not None:
+        return _key_summary(events)
+    text = head.decode("utf-8", "ignore")
     decoder = json.JSONDecoder()
     pos = text.find("[") + 1
-    keys: set[str] = set()
-    phases: set = set()
+    events: list = []
     while True:
         while pos < len(text) and text[pos] in " \t\r\n,":
             pos += 1
@@ -159,6 +162,40 @@ def _sample_keys(array_path: Path) -> tuple[list[str], bool]:
             event, pos = decoder.raw_decode(text, pos)
         except (ValueError, RecursionError):  # cut off, malformed or nested too deep: the real read says
             break
+        events.append(event)
+    return _key_summary(events)
+
+
+_EVENT_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+
+
+def _whole_events(head: bytes) -> list | None:
+    """The events of an array's head up to its last `}, {` boundary, in one orjson parse (about ten
+    times faster than decoding them one by one); None where that cut is not valid JSON (a boundary
+    inside an args list of objects, a head without one), and the caller decodes event by event."""
+    start = head.find(b"[")
+    if start < 0:
+        return None
+    if len(head) < EXTRA_KEY_SAMPLE:  # the whole part: every event, the last one included
+        try:
+            events = orjson.loads(head[start:])
+            return events if isinstance(events, list) else None
+        except orjson.JSONDecodeError:
+            pass
+    cuts = list(_EVENT_BOUNDARY.finditer(head, start + 1))
+    if not cuts:
+        return None
+    try:
+        events = orjson.loads(head[start : cuts[-1].start() + 1] + b"]")
+    except orjson.JSONDecodeError:
+        return None
+    return events if isinstance(events, list) else None
+
+
+def _key_summary(events: list) -> tuple[list[str], bool]:
+    keys: set[str] = set()
+    phases: set = set()
+    for event in events:
         if isinstance(event, dict):
             keys.update(event)
             phase = event.get("ph")

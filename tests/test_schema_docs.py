@@ -126,3 +126,16 @@ def test_describe_schema_shows_the_comments():
         missing, is_error = call(s, "describe_schema", {"relation": "nope"})
         assert is_error and "nope" in missing["error"]
     assert "relation" in TOOLS["describe_schema"].parameters["properties"]
+
+
+def test_run_tables_from_the_definitions_equal_the_described_ones():
+    """run_tables reads whether a stdlib table has run_id from its definition; a table of another
+    origin (the reducer's summaries, one made by hand) is described."""
+    from tracekit.db.connection import run_tables, table_columns
+
+    con = db.connect(None)
+    con.execute("CREATE TABLE made_by_hand (run_id INTEGER, x INTEGER)")
+    con.execute("CREATE TABLE without_runs (x INTEGER)")
+    described = [t for t, columns in table_columns(con).items() if "run_id" in columns]
+    assert run_tables(con) == described
+    assert "made_by_hand" in described and "without_runs" not in described and "event_rows" in described
