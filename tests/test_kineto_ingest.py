@@ -198,3 +198,27 @@ def test_corpus_is_present_in_ci():
 
     if os.environ.get("CI"):
         assert len(KINETO_FILES) >= 19, f"expected the Kineto corpus at {CORPUS}"
+
+
+@pytest.mark.parametrize("filler", [0, kineto.EXTRA_KEY_SAMPLE])  # a whole small part; a head cut at a boundary
+def test_key_sample_sees_what_the_event_by_event_decode_sees(tmp_path, filler):
+    """The one-parse sample of the first MiB finds the same extra keys and generic phases as decoding
+    event by event, also where a `}, {` sits inside an event (an args list of objects), which is no
+    place to cut the array."""
+    events = [
+        {"ph": "X", "name": "a", "ts": 1, "dur": 1, "args": {"objs": [{"k": 1}, {"k": 2}]}},
+        {"ph": "X", "name": "b", "ts": 2, "dur": 1, "my_key": 3},
+        *({"ph": "X", "name": "pad", "ts": 3 + i, "dur": 1, "args": {"x": "y" * 200}} for i in range(filler // 240)),
+        {"ph": "b", "name": "async", "ts": 9, "id": 1, "cat": "c", "last_key": True},
+    ]
+    path = tmp_path / "t.json"
+    path.write_bytes(orjson.dumps(events))
+    sampled = kineto._sample_keys(path)
+    original = kineto._whole_events
+    try:
+        kineto._whole_events = lambda head: None  # the event-by-event decode alone
+        decoded = kineto._sample_keys(path)
+    finally:
+        kineto._whole_events = original
+    assert sampled == decoded
+    assert "my_key" in sampled[0] and ("last_key" in sampled[0]) == sampled[1] == (filler == 0)
