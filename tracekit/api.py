@@ -565,6 +565,8 @@ class _Database:
         except duckdb.ConnectionException:  # closed already
             return
         except duckdb.Error as e:
+            if "invalidated" in str(e):  # an earlier fatal error (a full disk): that one is being said
+                return
             raise TracekitError(
                 f"{self.path}: could not write the database file ({' '.join(str(e).split())[:300]}); "
                 f"this session's changes are in {self.path}.wal, which must stay beside it"
