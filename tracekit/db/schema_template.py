@@ -3,10 +3,10 @@
 Installing the stdlib into a file costs about a second on this class of CPU, nearly all of it in
 COMMENT ON COLUMN for views (each one binds its view again, 480 of them); copying a 0.5 MB file
 costs a millisecond. That second is paid by every `tracekit ingest` into a new file, every cluster
-worker's chunk database and every test that writes one. An in-memory database is filled from the
-template by COPY FROM DATABASE, which brings the comments along for less than the bare DDL costs. The copy is byte for byte what an install
-writes, keyed by the stdlib digest and the tracekit version, so a changed view never reaches a new
-file through a stale template.
+worker's chunk database and every test that writes one. The file copy is byte for byte what an
+install writes, keyed by the stdlib digest and the tracekit version, so a changed view never reaches
+a new file through a stale template. An in-memory database is filled from the template by COPY FROM
+DATABASE, which brings the comments along in less time than the bare DDL takes.
 
 The cache is `$TRACEKIT_CACHE_DIR`, else `$XDG_CACHE_HOME/tracekit`, else `~/.cache/tracekit`.
 Where it cannot be written, databases are installed as before.
