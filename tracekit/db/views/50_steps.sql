@@ -100,9 +100,14 @@ WITH _chosen AS (
     SELECT run_id, name, source FROM step_candidates WHERE step_name IS NULL AND choice = 1
     UNION ALL
     SELECT run_id, name_key(step_name), 'named' FROM runs WHERE step_name IS NOT NULL
+), _names AS (
+    -- each distinct name's key once, not every event's (name_key is five regular expressions)
+    SELECT n.run_id, n.name AS annotation, c.name, c.source
+    FROM (SELECT DISTINCT run_id, name FROM events WHERE kind IN ('user_annotation', 'cpu_op') AND dur_ns > 0) n
+    JOIN _chosen c ON n.run_id = c.run_id AND name_key(n.name) = c.name
 ), _occurrences AS (
     SELECT e.run_id, e.event_id, e.name AS annotation, c.name, c.source, e.pid, e.tid, e.ts_ns, e.end_ns, e.depth
-    FROM events e JOIN _chosen c ON e.run_id = c.run_id AND name_key(e.name) = c.name
+    FROM events e JOIN _names c ON e.run_id = c.run_id AND e.name = c.annotation
     WHERE e.kind IN ('user_annotation', 'cpu_op') AND e.dur_ns > 0
 ), _thread AS (
     SELECT run_id, pid, tid FROM (SELECT run_id, pid, tid, count(DISTINCT ts_ns) AS n FROM _occurrences GROUP BY ALL)
