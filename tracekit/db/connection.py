@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 
@@ -109,7 +110,11 @@ def _installed_digest(con) -> str | None:
 
 def table_columns(con) -> dict[str, list[str]]:
     """Each table of the database's main schema (not the temporary ones) with its columns in order."""
-    return {t: [d[0] for d in con.execute(f'SELECT * FROM main."{t}" LIMIT 0').description] for t in _table_names(con)}
+    return {t: _columns(con, t) for t in _table_names(con)}
+
+
+def _columns(con, table: str) -> list[str]:
+    return [d[0] for d in con.execute(f'SELECT * FROM main."{table}" LIMIT 0').description]
 
 
 def _table_names(con) -> list[str]:
@@ -147,11 +152,10 @@ def run_tables(con) -> list[str]:
     (one query each: describing all 13 cost 50 ms on every ingest, which asks for this twice)."""
     known = _stdlib_run_tables()
     names = _table_names(con)
-    unknown = [n for n in names if n not in known]
-    described = {t: [d[0] for d in con.execute(f'SELECT * FROM main."{t}" LIMIT 0').description] for t in unknown}
-    return [n for n in names if (known[n] if n in known else "run_id" in described[n])]
+    return [n for n in names if (known[n] if n in known else "run_id" in _columns(con, n))]
 
 
+@functools.cache
 def _stdlib_run_tables() -> dict[str, bool]:
     return {r.name: any(c.name == "run_id" for c in r.columns) for r in stdlib.relations() if r.kind == "table"}
 

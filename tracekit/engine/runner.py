@@ -49,8 +49,6 @@ def run_rules(
 
 
 def _run(con, rules: list[Rule], params: dict[str, dict], timings: dict[str, float]):
-    import duckdb
-
     ctx = Context(con)
     findings: list[Finding] = []
     started = time.perf_counter()
@@ -59,13 +57,15 @@ def _run(con, rules: list[Rule], params: dict[str, dict], timings: dict[str, flo
     for rule in rules:
         started = time.perf_counter()
         try:
-            _run_one(con, rule, params, ctx, findings, notes, duckdb.Error)
+            _run_one(con, rule, params, ctx, findings, notes)
         finally:
             timings[rule.code] = time.perf_counter() - started
     return findings, notes
 
 
-def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, findings: list, notes: list, db_error) -> None:
+def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, findings: list, notes: list) -> None:
+    import duckdb
+
     missing = missing_inputs(con, rule)
     if missing:
         notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
@@ -73,7 +73,7 @@ def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, findings: l
     values = rule.resolve_params(params.get(rule.code, {}))
     try:
         produced = list(rule.check(con, values, ctx))
-    except db_error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
+    except duckdb.Error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
         notes.append(DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}"))
         return
     for item in produced:
