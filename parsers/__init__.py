@@ -29,6 +29,11 @@ go): a reader takes the ones it uses by name and ignores the rest. Optional:
   streams, nesting), run for every run its rows are part of.
 - `fallback(head) -> bool`: takes what no reader recognised (the Chrome reader takes any JSON, so
   that its error says what the trace lacks).
+- `claims(folder: Path) -> bool`: the reader reads a whole folder as one input (a profiler's output
+  folder of one rank, such as torch_npu's `*_ascend_pt`, whose files together make one run): from
+  the names of the files in it, no content read; never raises. `read` is then given the folder,
+  reads the files it knows and counts the others in `Export.skipped` or its notes; a folder holding
+  such folders (one per rank) is one input per claimed folder (tracekit/ingest/inputs.py).
 
 What every format shares (entities, nesting, rank from the file name, the runs and ingest_log
 rows, transactions) is ingest's: tracekit/ingest/.
@@ -71,6 +76,11 @@ def recognise(head: bytes, name: str, fallback: bool = True, **options):
     if not fallback:
         return None
     return next((r for r in readers() if hasattr(r, "fallback") and r.fallback(head)), None)
+
+
+def claim(folder) -> object | None:
+    """The reader that reads this folder as one input (its `claims`), or None."""
+    return next((r for r in readers() if hasattr(r, "claims") and r.claims(folder)), None)
 
 
 def formats() -> list[tuple[str, str]]:

@@ -229,7 +229,10 @@ def _zip_chunks(path: Path, size: int) -> Iterator[bytes]:
 
 def inflated_size(path: Path) -> int:
     """The content's size, for sizing memory before reading: a gzip member's trailer holds it (mod
-    4 GiB), a zip entry states it; otherwise (plain, xz) the file's size. 0 for a missing file."""
+    4 GiB), a zip entry states it; otherwise (plain, xz) the file's size; a folder read as one input:
+    the sum over its files. 0 for a missing file."""
+    if os.path.isdir(path):
+        return sum(inflated_size(Path(here) / name) for here, _, names in os.walk(path) for name in names)
     try:
         size = os.path.getsize(path)
         compression = kind(path)

@@ -15,7 +15,15 @@ SAMPLE_BYTES = 256 << 10
 
 
 def content_digest(path: str | Path) -> str:
-    """`sha256:<hex>` of the whole file, or `sampled-sha256:<hex>` (see above) of a large one."""
+    """`sha256:<hex>` of the whole file, or `sampled-sha256:<hex>` (see above) of a large one; of a
+    folder read as one input, `folder-sha256:<hex>` over its files' paths and digests."""
+    if os.path.isdir(path):
+        h = hashlib.sha256()
+        for here, _, names in sorted(os.walk(path)):
+            for name in sorted(names):
+                file = Path(here) / name
+                h.update(f"{file.relative_to(path).as_posix()}\0{content_digest(file)}\n".encode())
+        return "folder-sha256:" + h.hexdigest()
     size = os.path.getsize(path)
     h = hashlib.sha256(str(size).encode())
     with open(path, "rb") as f:

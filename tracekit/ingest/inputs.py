@@ -3,6 +3,7 @@ by its content (a bounded, decompressed prefix; tracekit.parsers.recognise)."""
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,14 +53,22 @@ def _natural(path: Path) -> list:
 def expand(paths: list[Path], **options) -> list[Input]:
     """Every input, a folder (a profiler's output directory, e.g. tensorboard_trace_handler's, one file
     per rank or worker) replaced by the files in it that a reader takes, in natural name order; the
-    others are skipped and named in the notes of those runs. A folder with none is an InputError."""
+    others are skipped and named in the notes of those runs. A folder a reader claims as a whole
+    (parsers.claim: one rank's profiler output, such as torch_npu's `*_ascend_pt`) is one input, at
+    any depth, and its files are that reader's. A folder with none is an InputError."""
     out = []
     for path in map(Path, paths):
         if not path.is_dir():
             out.append(Input(path, classify(path, **options)))
             continue
-        files = sorted((p for p in path.rglob("*") if p.is_file() and not _hidden(p, path)), key=_natural)
+        claimed = parsers.claim(path)
+        if claimed is not None:
+            out.append(Input(path, claimed, {"input": {"folder": str(path)}}))
+            continue
+        folders, files = _walk(path)
         taken = [(p, recognise(p, fallback=False, **options)) for p in files]
+        taken += [(p, reader) for p, reader in folders]
+        taken.sort(key=lambda item: _natural(item[0]))
         skipped = [str(p.relative_to(path)) for p, reader in taken if reader is None]
         if len(skipped) == len(taken):
             what = "it is empty" if not taken else f"no file in it is a format tracekit reads ({_names(skipped)})"
@@ -69,8 +78,24 @@ def expand(paths: list[Path], **options) -> list[Input]:
     return out
 
 
-def _hidden(path: Path, root: Path) -> bool:
-    return any(part.startswith(".") for part in path.relative_to(root).parts)
+def _walk(root: Path) -> tuple[list, list[Path]]:
+    """The folders under `root` a reader claims, with their readers (not looked into further), and
+    every other file under it; hidden ones left out."""
+    folders, files = [], []
+    for here, subdirs, names in os.walk(root):
+        kept = []
+        for name in sorted(subdirs):
+            sub = Path(here) / name
+            if name.startswith("."):
+                continue
+            reader = parsers.claim(sub)
+            if reader is not None:
+                folders.append((sub, reader))
+            else:
+                kept.append(name)
+        subdirs[:] = kept
+        files += [Path(here) / name for name in names if not name.startswith(".") and (Path(here) / name).is_file()]
+    return folders, files
 
 
 def _names(names: list[str]) -> str:

@@ -109,7 +109,7 @@ DATABASE_BYTES_PER_INPUT_BYTE = 0.3
 def _room_needed(paths, temporary: str, database: str | None) -> dict[str, int]:
     """What an ingest of `paths` writes: a staged copy of the largest input in the temporary folder,
     and about DATABASE_BYTES_PER_INPUT_BYTE of all of them into the database file."""
-    sizes = [compression.inflated_size(Path(p)) for p in paths if Path(p).is_file()]
+    sizes = [compression.inflated_size(Path(p)) for p in paths if Path(p).exists()]
     if not sizes:
         return {}
     needs = {temporary: max(sizes)}
@@ -207,7 +207,7 @@ def _without_duplicates(con, inputs: list[Input], units: list, same_content: str
     kept, replaced, seen = [], {}, {}
     for first, log_indexes in units:
         item = inputs[first]
-        if not item.path.is_file():
+        if not item.path.exists():
             kept.append((first, log_indexes))
             continue
         digest = content_digest(item.path)

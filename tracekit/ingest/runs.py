@@ -119,7 +119,10 @@ def result(
             events_ingested=counts, events_skipped=0, skipped_reasons={}, seconds=seconds, rank=rank, alignment=alignment,
         )  # fmt: skip
     read, skipped = sum(export.read.values()) - moved_out, sum(export.skipped.values())
-    size = export.bytes_read if export.bytes_read is not None else Path(export.source).stat().st_size
+    size = export.bytes_read
+    if size is None:  # a folder read as one input: its files' sizes
+        source = Path(export.source)
+        size = compression.inflated_size(source) if source.is_dir() else source.stat().st_size
     return IngestResult(
         run_id=run_id, source=str(export.source), format=export.format, bytes_read=size, events_read=read,
         events_ingested=read - skipped, events_skipped=skipped, skipped_reasons=dict(export.skipped),

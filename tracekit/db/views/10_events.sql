@@ -7,7 +7,7 @@ CREATE OR REPLACE MACRO is_device_kind(kind) AS kind IN ({DEVICE_KINDS});
 -- Every event of every run, in file order within a run.
 --
 -- Kinds: `cpu_op` (also legacy `Operator`), `python_function`, `user_annotation`,
--- `gpu_user_annotation`, `cuda_runtime` (also legacy `Runtime` and ROCm `hip*` calls), `cuda_driver`,
+-- `gpu_user_annotation`, `cuda_runtime` (also legacy `Runtime`, ROCm `hip*` and Ascend CANN `acl*` calls), `cuda_driver`,
 -- `kernel`, `gpu_memcpy`, `gpu_memset`, `cuda_sync`, `cuda_event`, `cpu_instant_event`, `overhead`,
 -- `profiler_span` (the `Trace` span), `runtime_event` (a line of a runtime-event log), `span` (an
 -- OTLP span), `flow` (ph s/t/f: `ac2g`, `async_cpu_to_gpu`, `async`, `fwdbwd`), `metadata` (ph M),

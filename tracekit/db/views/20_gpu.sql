@@ -45,7 +45,7 @@ CREATE OR REPLACE VIEW kernels(
     -- `one_shot_all_reduce`, `two_shot_all_reduce`), TensorRT-LLM `oneShotAllReduce` /
     -- `twoShotAllReduce`, FlashInfer/TensorRT-LLM fused `allreduce_fusion_kernel`, DeepEP `deep_ep::`
     -- dispatch/combine, NVSHMEM (`nvshmem`), MSCCL++ (`mscclpp`), TransformerEngine userbuffers
-    -- (`userbuffers_`)
+    -- (`userbuffers_`), Ascend HCCL (`hcom_allReduce__...`, `hccl...`)
     is_communication,
     -- the event's args
     args
@@ -63,7 +63,7 @@ SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlatio
         OR name LIKE '%oneShotAllReduce%' OR name LIKE '%twoShotAllReduce%'
         OR name LIKE '%deep_ep::%dispatch%' OR name LIKE '%deep_ep::%combine%'
         OR name LIKE '%allreduce_fusion_kernel%' OR name ILIKE '%nvshmem%' OR name ILIKE '%mscclpp%'
-        OR name LIKE '%userbuffers_%'),
+        OR name LIKE '%userbuffers_%' OR starts_with(name, 'hcom_') OR name ILIKE 'hccl%'),
        args
 FROM (SELECT *, json_extract_string(args, ['grid', 'block', 'registers per thread', 'shared memory', 'blocks per SM',
                                            'warps per SM', 'est. achieved occupancy %', 'graph id']) AS _launch

@@ -25,7 +25,7 @@ CREATE OR REPLACE MACRO dtype_bytes(dtype) AS
 -- parameters come from the kernel's args (newer Kineto copies them there), else the op's; its name
 -- from those args, else the `nccl:<collective>` annotation around the launch call (the
 -- collective PyTorch asked for: an all-to-all runs as NCCL SendRecv kernels), else the kernel's
--- NCCL name (`ncclDevKernel_AllReduce_...` -> `allreduce`). `seq` numbers the collectives of a
+-- NCCL or HCCL name (`ncclDevKernel_AllReduce_...`, `hcom_allReduce__...` -> `allreduce`). `seq` numbers the collectives of a
 -- process group in time order, so the n-th of a group on one rank is the n-th on every other rank.
 --
 -- Cost: one scan of the kernels and cpu_ops, `first_launches` of the communication kernels, and an
@@ -138,7 +138,7 @@ WITH ops AS (
 ), described AS (
     SELECT * EXCLUDE (k, o, kernel_args, op_args),
            coalesce(k[1], o[1], substr(annotation, 6),
-                    nullif(lower(regexp_extract(kernel_name, '^nccl(?:Dev)?Kernel_([A-Za-z]+)', 1)), '')) AS collective,
+                    nullif(lower(regexp_extract(kernel_name, '^(?:nccl(?:Dev)?Kernel_|hcom_)([A-Za-z]+)', 1)), '')) AS collective,
            coalesce(k[2], o[2], '') AS process_group,
            coalesce(k[3], o[3]) AS process_group_desc,
            coalesce(k[4], o[4]) AS group_ranks,
