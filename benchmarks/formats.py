@@ -11,6 +11,9 @@
   DuckDB cannot download the extension offline and nsys-ai would otherwise fall back to raw sqlite3.
 - Perfetto protobuf: tracekit ingest vs `Trace.FromString(whole file)` with the `perfetto` package's
   bundled classes and a loop over the packets (payload type of each), in the project venv.
+- Ascend (torch_npu) db export and trace_view.json: tracekit ingest of a rank folder / of the JSON vs
+  the plainest full decode of the same data: every row of every table through Python's sqlite3, and
+  orjson.loads of the JSON with a loop over its entries (no mapping, pairing or storage).
 - Serving logs: tracekit ingest vs a plain loop over lines with the regexes a user would write for
   SGLang batch statistics (timestamp + `key: number` fields of `Prefill/Decode batch` lines).
 
@@ -35,6 +38,7 @@ import tempfile
 import threading
 import time
 
+import make_big_ascend
 import make_big_nsys
 from run import CACHE, CORPUS, HERE, PROJECT_PY, TRACEKIT, cpu_and_memory, venv_query
 
@@ -50,6 +54,7 @@ NSYS_FILES = [
 NSYS_SCALED = [200, 2000]  # copies of cloverleaf's event rows: 64 MB (1.2 M rows) and 0.64 GB (11.9 M rows)
 PERFETTO_FILES = ["perfetto__nested_tracks.perfetto-trace", "pftx__example.pftrace"]
 PERFETTO_COPIES = 20  # pftx concatenated: ~28 MB
+ASCEND_COPIES = 100  # the db export's event rows and trace_view.json's entries x100: ~49 MB and ~67 MB
 SERVING_FILE = "sglsetup__sglang.log"
 SERVING_COPIES = 100  # ~75 MB
 
@@ -72,6 +77,26 @@ with open(sys.argv[1], "rb") as f:
     trace = perfetto_trace_pb2.Trace.FromString(f.read())
 kinds = Counter(p.WhichOneof("data") for p in trace.packet)
 print(json.dumps({"packets": sum(kinds.values())}))
+"""
+SQLITE_CODE = """\
+import glob, json, os, sqlite3, sys
+db = sys.argv[1]
+if os.path.isdir(db):
+    (db,) = glob.glob(os.path.join(db, "ASCEND_PROFILER_OUTPUT", "ascend_pytorch_profiler_*.db"))
+con = sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True)
+tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+rows = sum(len(con.execute(f'SELECT * FROM "{t}"').fetchall()) for t in tables)
+print(json.dumps({"rows": rows, "tables": len(tables)}))
+"""
+JSON_CODE = """\
+import json, sys
+import orjson
+with open(sys.argv[1], "rb") as f:
+    events = orjson.loads(f.read())
+phases = {}
+for e in events:
+    phases[e.get("ph")] = phases.get(e.get("ph"), 0) + 1
+print(json.dumps({"entries": len(events)}))
 """
 SERVING_CODE = r"""
 import json, re, sys
@@ -275,7 +300,7 @@ def run_nsys(args, setup_error):
 
 def run_counted(jobs, peer_cmd, count_key, fmt, args):
     """Formats whose peer counts the source items itself (packets, lines): that count is the check."""
-    tracekit_ingest(min((p for _, p in jobs), key=os.path.getsize), args)
+    tracekit_ingest(min((p for _, p in jobs), key=_size), args)
     measure(peer_cmd(jobs[0][1]), args)
     rows = []
     for label, path in jobs:
@@ -284,8 +309,14 @@ def run_counted(jobs, peer_cmd, count_key, fmt, args):
         said = json.loads(peer.stdout) if peer.error is None else {}
         note = check(tk, said.get(count_key))
         note += "".join(f"; peer {k} {v}" for k, v in said.items() if k != count_key)
-        rows.append((label, os.path.getsize(path), tk, peer, note))
+        rows.append((label, _size(path), tk, peer, note))
     return rows
+
+
+def _size(path):
+    if os.path.isdir(path):  # a rank folder read as one input
+        return sum(os.path.getsize(os.path.join(d, n)) for d, _, names in os.walk(path) for n in names)
+    return os.path.getsize(path)
 
 
 def run_perfetto(args):
@@ -298,6 +329,18 @@ def run_perfetto(args):
         )
     )
     return run_counted(jobs, lambda p: [PROJECT_PY, "-c", PERFETTO_CODE, p], "packets", "perfetto", args)
+
+
+def run_ascend(args):
+    """The db export's rank folder and trace_view.json from the corpus, and each scaled up in time."""
+    out = []
+    db_jobs = [("msinsight__pytorch_db_level1/rank0_ascend_pt", make_big_ascend.DB_FOLDER),
+               (f"rank0_ascend_pt x{ASCEND_COPIES} (event rows repeated)", make_big_ascend.db_folder(ASCEND_COPIES))]  # fmt: skip
+    out.append(("db", run_counted(db_jobs, lambda p: [sys.executable, "-c", SQLITE_CODE, p], None, "ascend db", args)))
+    json_jobs = [(os.path.basename(make_big_ascend.TRACE_VIEW), make_big_ascend.TRACE_VIEW),
+                 (f"trace_view.json x{ASCEND_COPIES} (entries repeated)", make_big_ascend.trace_view(ASCEND_COPIES))]  # fmt: skip
+    out.append(("json", run_counted(json_jobs, lambda p: [PROJECT_PY, "-c", JSON_CODE, p], None, "ascend json", args)))
+    return out
 
 
 def run_serving(args):
@@ -355,7 +398,7 @@ def table(title, peer_name, rows):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--formats", nargs="+", default=["nsys", "perfetto", "serving"])
+    ap.add_argument("--formats", nargs="+", default=["nsys", "perfetto", "ascend", "serving"])
     ap.add_argument("--skip-big", action="store_true", help="skip the ~0.6 GB Nsight export")
     ap.add_argument("--out", default=os.path.join(CACHE, "formats.md"))
     ap.add_argument("--cores", type=int, default=2)
@@ -371,6 +414,12 @@ def main():
     if "perfetto" in args.formats:
         rows = run_perfetto(args)
         sections += table("Perfetto protobuf: tracekit ingest vs Trace.FromString + packet loop", "FromString", rows)
+    if "ascend" in args.formats:
+        (_, db_rows), (_, json_rows) = run_ascend(args)
+        sections += table(
+            "Ascend db export: tracekit ingest of a rank folder vs sqlite3 reading every row", "sqlite3", db_rows
+        )
+        sections += table("Ascend trace_view.json: tracekit ingest vs orjson.loads + a loop", "orjson", json_rows)
     if "serving" in args.formats:
         rows = run_serving(args)
         sections += table("Serving log (SGLang): tracekit ingest vs a regex loop", "regex loop", rows)
