@@ -1,4 +1,8 @@
 PYTHON ?= python3
+# An installed package runs from bytecode: with PYTHONDONTWRITEBYTECODE set (as some CI images do),
+# every process the suite and the benchmarks start (CLI tests, Dask workers) compiles the project's
+# hundred-odd modules again, about 0.1 s each time, and start-up figures measure that compile.
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_TRACE := sample_traces/gpu_prefill_decode_eager.json.gz
