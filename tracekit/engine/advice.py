@@ -25,6 +25,21 @@ TRAINING_GRAPH_RECIPE = (
     "`torch.cuda.make_graphed_callables` for the model alone"
 )
 
+# torch_npu's counterparts (Ascend NPUs): graph capture through aclgraph, the host's launch pipeline
+NPU_GRAPH_RECIPE = (
+    "torchair's reduce-overhead mode (`torch.compile(model, backend=torchair.get_npu_backend(compiler_config="
+    'config))` with `config.mode = "reduce-overhead"`, replayed through aclgraph), or `torch.npu.NPUGraph` with '
+    "static input/output buffers (capture once, copy the new inputs in and `graph.replay()` per step)"
+)
+NPU_TASK_QUEUE = (
+    "torch_npu enqueues every op through its task queue: run with `TASK_QUEUE_ENABLE=2` (the two-level launch "
+    "pipeline) and the launching thread bound to its own cores (`CPU_AFFINITY_CONF=1`)"
+)
+NPU_SYNC_LINES = (
+    "find the Python line of each implicit sync in the profile's stacks (torch_npu's profiler with "
+    "`with_stack=True`: the `aclrtSynchronizeStream` calls and the op above each)"
+)
+
 NATIVE_GRAPH_RECIPE = (
     "capture the repeated kernel sequence once (`cudaStreamBeginCapture`/`cudaStreamEndCapture`, "
     "`cudaGraphInstantiate`) and replay it with one `cudaGraphLaunch` per iteration"
@@ -53,8 +68,23 @@ def _material(ns, of_ns) -> bool:
     return bool(ns) and bool(of_ns) and ns >= MATERIAL_SHARE * of_ns
 
 
+def _npu(context) -> bool:
+    """An Ascend NPU run (`workload_context.accelerator`): graph, queue and sync advice in torch_npu's terms."""
+    return _is(context, "accelerator", "npu")
+
+
+def _graph_recipe(context) -> str:
+    return NPU_GRAPH_RECIPE if _npu(context) else CUDA_GRAPH_RECIPE
+
+
+def _a_graph(context) -> str:
+    return "an NPU graph" if _npu(context) else "a CUDA graph"
+
+
 def _graph_it(context) -> str:
-    """How to put a repeated PyTorch step in a CUDA graph, for this workload."""
+    """How to put a repeated PyTorch step in a CUDA graph (an NPU graph on Ascend), for this workload."""
+    if _npu(context):
+        return NPU_GRAPH_RECIPE
     if _is(context, "engine", "vllm") and _is(context, "execution", "eager"):
         return "run vLLM without `enforce_eager`/`--enforce-eager`, so it captures the decode batches in CUDA graphs"
     if _is(context, "engine", "sglang") and _is(context, "execution", "eager"):
@@ -75,6 +105,11 @@ def host_gaps(context, kind: str, host_idle_ns: int) -> Advice:
             return Advice(
                 "Cut the launches per iteration: fuse consecutive small kernels, or "
                 f"{NATIVE_GRAPH_RECIPE}; re-profile the same loop."
+            )
+        if _npu(context):
+            return Advice(
+                f"{NPU_TASK_QUEUE}; then capture the repeated loop body in an NPU graph: {NPU_GRAPH_RECIPE}, and "
+                "re-profile the same loop."
             )
         return Advice(
             f"Capture the repeated loop body in a CUDA graph: {CUDA_GRAPH_RECIPE}, then re-profile the same loop."
@@ -144,16 +179,17 @@ def kernel_wait(context) -> Advice:
     if _is(context, "framework", "native"):
         return Advice(f"Fuse the short kernels, or {NATIVE_GRAPH_RECIPE}, which shortens the inter-kernel latency.")
     return Advice(
-        "Fuse the short kernels (torch.compile, fused optimizers/norms) or replay them in a CUDA graph, "
+        f"Fuse the short kernels (torch.compile, fused optimizers/norms) or replay them in {_a_graph(context)}, "
         "which shortens the inter-kernel latency; re-profile."
     )
 
 
 def unattributed(context) -> Advice:
     """G001's idle time that no cause explains."""
+    tracing = "the CANN (AscendCL) layer traced" if _npu(context) else "CUDA runtime tracing on"
     return _measure(
         "Open the largest gaps' windows in the trace and check what the stream waits on (events, host-side sleeps, "
-        "another process on the device); re-profile with CUDA runtime tracing on."
+        f"another process on the device); re-profile with {tracing}."
     )
 
 
@@ -200,10 +236,11 @@ def blocking_call(
             "CUDA event recorded after it, or the next use on the same stream); re-profile."
         )
     if direction == "DtoH" and host_memory in ("Pageable", "Pinned"):
+        event = "torch.npu.Event" if _npu(context) else "torch.cuda.Event"
         return Advice(
             "Read the result into a preallocated pinned buffer instead of `.cpu()`/`.item()`/`.tolist()`: "
             "`buf = torch.empty(shape, dtype=dtype, pin_memory=True)` once, then `buf.copy_(t, non_blocking=True)` "
-            "and `done = torch.cuda.Event(); done.record()`, and `done.synchronize()` only where the host uses the "
+            f"and `done = {event}(); done.record()`, and `done.synchronize()` only where the host uses the "
             "values (a step later where the loop allows); re-profile."
         )
     if blocking in ("sync memcpy", "sync memset"):
@@ -216,6 +253,12 @@ def blocking_call(
             "Copy through pinned host memory (`tensor.pin_memory()`, a preallocated pinned buffer, DataLoader "
             "`pin_memory=True`) with `non_blocking=True`, and read the result after an event instead of at once; "
             "re-profile."
+        )
+    if _npu(context):
+        return Advice(
+            f"{NPU_SYNC_LINES[0].upper()}{NPU_SYNC_LINES[1:]}, then move the host read off the per-step path (keep "
+            "losses/metrics on the NPU and read them every N steps, or through a pinned buffer with "
+            "non_blocking=True) and re-profile."
         )
     if _is(context, "workload", "inference"):
         return Advice(
@@ -236,7 +279,8 @@ def exposed_comm(context, kind: str, collective: str | None, rank=None, late_ran
     inference = _is(context, "workload", "inference")
     if kind == "waiting":
         cut = (
-            "CUDA graphs / torch.compile for the decode step, move logging or .item() off the step"
+            f"{'NPU' if _npu(context) else 'CUDA'} graphs / torch.compile for the decode step, move logging or "
+            ".item() off the step"
             if inference
             else "data loading off the step, fewer host syncs, balanced batches across ranks"
         )
@@ -268,6 +312,13 @@ def exposed_comm(context, kind: str, collective: str | None, rank=None, late_ran
             "step): bucket them (DDP `bucket_cap_mb`, `gradient_as_bucket_view=True`; with compiled autograd keep "
             "DDP's reducer) so fewer, larger all-reduces overlap backward; re-profile."
         )
+    if kind == "small" and inference and _npu(context):
+        return Advice(
+            "For small latency-bound collectives on Ascend: let HCCL expand them on the vector cores "
+            "(`HCCL_OP_EXPANSION_MODE=AIV`), capture the decode step in an NPU graph (torchair reduce-overhead / "
+            "aclgraph) so the collective launches with it, or overlap it with the next layer's independent compute "
+            "(async_op=True, wait just before the result is used). Re-profile and re-run the evidence SQL."
+        )
     if kind == "small" and inference:
         return Advice(
             "For small latency-bound collectives: try a one-shot/custom all-reduce (vLLM custom_all_reduce, torch "
@@ -287,11 +338,15 @@ def exposed_comm(context, kind: str, collective: str | None, rank=None, late_ran
             "ready early, `gradient_as_bucket_view=True`, and avoid work after backward that waits on the reducer; "
             "re-profile and re-run the evidence SQL."
         )
+    knobs = (
+        "HCCL_ALGO / HCCL_BUFFSIZE (and HCCL_OP_EXPANSION_MODE for small messages)"
+        if _npu(context)
+        else "NCCL_ALGO / NCCL_PROTO / NCCL_NCHANNELS"
+    )
     return Advice(
         "Issue the collective asynchronously on a communication stream and wait for it only where its result is "
         "needed (async_op=True + work.wait(); sequence-parallel or async-TP so all-reduce overlaps the next matmul), "
-        "and check NCCL_ALGO / NCCL_PROTO / NCCL_NCHANNELS for the message size. Re-profile and re-run the "
-        "evidence SQL."
+        f"and check {knobs} for the message size. Re-profile and re-run the evidence SQL."
     )
 
 
@@ -309,7 +364,7 @@ def launch_bound_step(context, kind: str, where_hint: str = "") -> Advice:
         )
     if kind == "static":
         return Advice(
-            f"Capture one step in a CUDA graph and replay it: {_graph_it(context)}; keep host syncs out of the "
+            f"Capture one step in {_a_graph(context)} and replay it: {_graph_it(context)}; keep host syncs out of the "
             f"captured region{where_hint}. Re-profile the same loop."
         )
     if kind == "dynamic":
@@ -318,6 +373,11 @@ def launch_bound_step(context, kind: str, where_hint: str = "") -> Advice:
             if _is(context, "workload", "inference")
             else "pad sequence lengths or batch sizes to a few buckets"
         )
+        if _npu(context):
+            return Advice(
+                f"Make the shapes static ({shapes}) and capture the step in NPU graphs, one per bucket "
+                f"({NPU_GRAPH_RECIPE}); {NPU_TASK_QUEUE[0].lower()}{NPU_TASK_QUEUE[1:]}. Re-profile."
+            )
         return Advice(
             f"Make the shapes static ({shapes}) and capture the step in CUDA graphs, one per bucket "
             '(`torch.compile(mode="reduce-overhead", dynamic=False)` does this); or fuse the small ops with '
