@@ -323,7 +323,9 @@ class _Db:
                                                           "linkType", "size", "srcRank", "dstRank", "rdmaType"]):  # fmt: skip
             hccl[r["globalTaskId"]] = r
         compute = {r["globalTaskId"] for r in self.select("COMPUTE_TASK_INFO", ["globalTaskId"])}
-        op_conns = {r["connectionId"] for r in self.select("COMMUNICATION_OP", ["connectionId"])} - {None, NO_ID}
+        ops = self.select("COMMUNICATION_OP", ["connectionId", "opId"])
+        self.op_ids = {r["opId"] for r in ops}
+        op_conns = {r["connectionId"] for r in ops} - {None, NO_ID}
         containers, places = set(), {}
         for r in self.select("TASK", ["globalTaskId", "connectionId", "deviceId", "streamId"]):
             gid = r["globalTaskId"]
@@ -351,7 +353,7 @@ class _Db:
         for r in rows:
             gid = r["globalTaskId"]
             task_type = self.string(r["taskType"])
-            if gid in hccl:
+            if gid in hccl and hccl[gid]["opId"] in self.op_ids:
                 out.skipped[HCCL_TASK_REASON] += 1
                 continue
             if gid in containers:
@@ -364,7 +366,11 @@ class _Db:
             if start is None or end is None or end < start:
                 out.skipped["task without a start and end (or ending before it starts)"] += 1
                 continue
-            kind, name, args = self.task_event(r, task_type, info.get(gid), pmu.get(gid))
+            if gid in hccl:  # an HCCL task whose op the export lacks: the task is the only record of it
+                kind, name, args = "kernel", self.string(hccl[gid]["name"]) or task_type, self.hccl_task_args(hccl[gid])
+                args |= {"task type": task_type, "global task id": gid, "connection id": r["connectionId"]}
+            else:
+                kind, name, args = self.task_event(r, task_type, info.get(gid), pmu.get(gid))
             conn = r["connectionId"] if r["connectionId"] != NO_ID else None
             out.rows.append((kind, "X", kind, name, start, end - start, r["deviceId"], r["streamId"], None,
                              r["deviceId"], r["streamId"], conn, self.op_of_connection.get(conn), None,
@@ -436,13 +442,19 @@ class _Db:
             hccl_dtype = dtypes.get(r["dataType"])
             args = {"Collective name": _collective(op_type), "Process Group Name": self.string(r["groupName"]),
                     "dtype": HCCL_DTYPES.get(hccl_dtype, hccl_dtype), "In msg nelems": _int(r["count"]),
-                    "hccl data type": hccl_dtype, "op type": op_type, "algType": self.string(r["algType"]),
+                    "hccl data type": hccl_dtype, "hccl op type": op_type, "algType": self.string(r["algType"]),
                     "relay": r["relay"], "retry": r["retry"], "op id": r["opId"], "connection id": r["connectionId"]}  # fmt: skip
             args.update(self.task_summary(tasks.get(r["opId"], []), links, transports))
             conn = r["connectionId"] if r["connectionId"] != NO_ID else None
             device, stream = place
             self.out.rows.append(("kernel", "X", "kernel", name, start, end - start, device, stream, None, device,
                                   stream, conn, self.op_of_connection.get(conn), None, _dump(args), None))  # fmt: skip
+
+    def hccl_task_args(self, t: dict) -> dict:
+        links, transports = self.enum("ENUM_HCCL_LINK_TYPE"), self.enum("ENUM_HCCL_TRANSPORT_TYPE")
+        return {"hccl task type": self.string(t["taskType"]), "op id": t["opId"], "size": t["size"],
+                "src rank": t["srcRank"], "dst rank": t["dstRank"], "transport type": transports.get(t["transportType"]),
+                "link type": links.get(t["linkType"])}  # fmt: skip
 
     def task_summary(self, tasks: list, links: dict, transports: dict) -> dict:
         """What the op's HCCL tasks did, in its args: task counts by type, bytes moved, links, peers."""
