@@ -80,7 +80,9 @@ SKIPPED_TABLES = {
 ATTRIBUTE_TABLES = {"STRING_IDS", "COMPUTE_TASK_INFO", "COMMUNICATION_TASK_INFO", "TASK_PMU_INFO", "CONNECTION_IDS",
                     "META_DATA", "NPU_INFO", "HOST_INFO", "SESSION_TIME_INFO", "RANK_DEVICE_MAP"}  # fmt: skip
 CONTAINER_REASON = "the HCCL op's own task on its stream (the COMMUNICATION_OP row is its event)"
-HCCL_TASK_REASON = "HCCL task inside its COMMUNICATION_OP (summarised in the op's args, so busy time counts the op once)"
+HCCL_TASK_REASON = (
+    "HCCL task inside its COMMUNICATION_OP (summarised in the op's args, so busy time counts the op once)"
+)
 MARKER_REASON = "profiler start/stop marker task (PROFILING_ENABLE/DISABLE)"
 # a text export beside the db holds the same events: the db is read, they are not
 TEXT_EXPORT_REASON = "the db holds the same events"
@@ -142,7 +144,9 @@ def _read_folder(folder: Path) -> Export:
     out.bytes_read = sum(p.stat().st_size for p in used if p.is_file())
     for file in sorted(p for p in folder.rglob("*") if p.is_file() and p not in used):
         rel = file.relative_to(folder).as_posix()
-        why = TEXT_EXPORT_REASON if file.suffix in (".json", ".csv") and OUTPUT in rel else "not an input of this reader"
+        why = (
+            TEXT_EXPORT_REASON if file.suffix in (".json", ".csv") and OUTPUT in rel else "not an input of this reader"
+        )
         out.read["files in the folder not read"] += 1
         out.skipped[f"file not read: {rel} ({why})"] += 1
     return out
@@ -402,7 +406,9 @@ class _Db:
                  ("output formats", "outputFormats"), ("output data types", "outputDataTypes"),
                  ("output shapes", "outputShapes"), ("attr info", "attrInfo")]  # fmt: skip
         info = {}
-        for r in self.select("COMPUTE_TASK_INFO", ["globalTaskId", "name", block, "mixBlockDim"] + [c for _, c in texts]):
+        for r in self.select(
+            "COMPUTE_TASK_INFO", ["globalTaskId", "name", block, "mixBlockDim"] + [c for _, c in texts]
+        ):
             args = {key: self.string(r[col]) for key, col in texts}
             args["accelerator core"] = args.pop("task type")
             args["block dim"], args["mix block dim"] = r[block], r["mixBlockDim"]
@@ -499,7 +505,9 @@ class _Db:
         External id. A connection listed under several nested ops goes to the innermost (latest start)."""
         if not hasattr(self, "_ops"):
             self._ops = {}
-            if {"PYTORCH_API", "CONNECTION_IDS"} <= self.tables and {"id", "connectionId"} <= self.columns("CONNECTION_IDS"):
+            if {"PYTORCH_API", "CONNECTION_IDS"} <= self.tables and {"id", "connectionId"} <= self.columns(
+                "CONNECTION_IDS"
+            ):
                 op_type = {v: k for k, v in self.enum("ENUM_API_TYPE").items()}.get("op", 50001)
                 starts = {}
                 for r in self.select("PYTORCH_API", ["connectionId", "startNs", "type"]):
@@ -554,7 +562,9 @@ class _Db:
                     votes[col] += 1
         swapped = votes["inputDtypes"] > votes["inputShapes"]
         if swapped:
-            self.out.notes["input_columns"] = "PYTORCH_API.inputDtypes holds the shapes and inputShapes the types: read so"
+            self.out.notes["input_columns"] = (
+                "PYTORCH_API.inputDtypes holds the shapes and inputShapes the types: read so"
+            )
         return swapped
 
     def step_time(self) -> None:

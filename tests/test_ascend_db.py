@@ -69,7 +69,7 @@ def runs():
 
 def test_sniff_takes_ascend_dbs_and_leaves_nsys_and_analysis_dbs():
     def head(path):
-        return path.read_bytes()[:1 << 20]
+        return path.read_bytes()[: 1 << 20]
 
     for name in RANK_FOLDERS:
         assert ascend_db.sniff(head(db_of(corpus(name))), "x.db")
@@ -134,14 +134,18 @@ def test_kernels_hccl_ops_runtime_calls_and_ops_match_the_source(runs, name):
     assert compute == scalar(path, "SELECT count(*) FROM COMPUTE_TASK_INFO")
     hccl = con.execute("SELECT count(*), count(DISTINCT name) FROM kernels WHERE is_communication").fetchone()
     assert hccl == (scalar(path, "SELECT count(*) FROM COMMUNICATION_OP"),) * 2
-    assert con.execute("SELECT count(*) FROM runtime_calls").fetchone()[0] == scalar(path, "SELECT count(*) FROM CANN_API")
+    assert con.execute("SELECT count(*) FROM runtime_calls").fetchone()[0] == scalar(
+        path, "SELECT count(*) FROM CANN_API"
+    )
     kinds = "SELECT count(*) FROM PYTORCH_API p JOIN ENUM_API_TYPE e ON e.id = p.type WHERE e.name IN ({})"
     assert con.execute("SELECT count(*) FROM cpu_ops").fetchone()[0] == scalar(path, kinds.format("'op', 'queue'"))
     assert con.execute("SELECT count(*) FROM python_functions").fetchone()[0] == scalar(path, kinds.format("'trace'"))
     reasons = orjson.loads(con.execute("SELECT skipped_reasons FROM ingest_log").fetchone()[0])
     assert reasons[ascend_db.HCCL_TASK_REASON] == scalar(path, "SELECT count(*) FROM COMMUNICATION_TASK_INFO")
     # every TASK row is a device event or a skipped task, none lost
-    device = con.execute("SELECT count(*) FROM events WHERE kind IN ('kernel', 'gpu_memcpy', 'cuda_sync')").fetchone()[0]
+    device = con.execute("SELECT count(*) FROM events WHERE kind IN ('kernel', 'gpu_memcpy', 'cuda_sync')").fetchone()[
+        0
+    ]
     task_skips = sum(reasons.get(r, 0) for r in (ascend_db.HCCL_TASK_REASON, ascend_db.CONTAINER_REASON,
                                                    ascend_db.MARKER_REASON))  # fmt: skip
     assert device - hccl[0] + task_skips == scalar(path, "SELECT count(*) FROM TASK")
@@ -347,7 +351,9 @@ def test_steps_agree_with_step_trace_time(runs, name):
 
 def test_step_trace_time_is_in_run_metrics(runs):
     con = runs(RANK_FOLDERS[0])
-    value, args = con.execute("SELECT value, args FROM run_metrics WHERE name = 'profiler_step_computing_ns'").fetchone()
+    value, args = con.execute(
+        "SELECT value, args FROM run_metrics WHERE name = 'profiler_step_computing_ns'"
+    ).fetchone()
     assert value == pytest.approx(step_trace(corpus(RANK_FOLDERS[0]))["computing"] * 1000)
     assert orjson.loads(args) | {} == {"source": "analysis.db StepTraceTime", "step": "50", "unit as written": "us"}
 
@@ -356,9 +362,7 @@ def test_gpu_busy_counts_an_hccl_op_once(runs):
     """Busy time on the communication stream is the HCCL ops' spans: their tasks are not events too."""
     con = runs(RANK_FOLDERS[0])
     path = db_of(corpus(RANK_FOLDERS[0]))
-    comm = con.execute(
-        "SELECT sum(dur_ns) FROM gpu_busy_layers WHERE layer = 'communication'"
-    ).fetchone()[0]
+    comm = con.execute("SELECT sum(dur_ns) FROM gpu_busy_layers WHERE layer = 'communication'").fetchone()[0]
     assert comm == scalar(path, "SELECT sum(endNs - startNs) FROM COMMUNICATION_OP")  # the 4 ops do not overlap
 
 
