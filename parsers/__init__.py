@@ -48,6 +48,7 @@ from functools import cache
 # broad sniff goes after the narrower ones it would take from.
 READERS = (
     "kineto",
+    "ascend_db",  # before nsys_sqlite, whose sniff takes any SQLite file
     "nsys_sqlite",
     "nsys_stats_csv",
     "perfetto_proto",

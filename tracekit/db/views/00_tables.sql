@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS runs (
     source VARCHAR,
     -- `kineto`, `chrome_json` (Chrome trace JSON from another producer), `nsys_sqlite` (Nsight Systems
     -- SQLite export), `nsys_stats_csv` (`nsys stats` trace report), `ncu_csv`, `numerics_report`,
-    -- `serving_log`, `otlp_json`, `bench_serving`, `perfetto_proto` (Perfetto protobuf trace), or
+    -- `serving_log`, `otlp_json`, `bench_serving`, `perfetto_proto` (Perfetto protobuf trace), `ascend_db`
+    -- (Ascend torch_npu/msprof SQLite export), or
     -- `runtime_events` for a runtime-event log with no trace to join
     format VARCHAR,
     -- `--label`, else the file name without `.json(.gz)` (`.jsonl(.gz)`)
@@ -28,7 +29,8 @@ CREATE TABLE IF NOT EXISTS runs (
     rank INTEGER,
     -- `distributedInfo.world_size`
     world_size INTEGER,
-    -- where rank came from: `distributedInfo`, `file name` or `--rank`
+    -- where rank came from: `distributedInfo`, `file name` or `--rank`; for an Ascend db export the
+    -- file or table that states it (`profiler_info_0.json`, `RANK_DEVICE_MAP`, `META_DATA`)
     rank_source VARCHAR,
     -- Kineto `deviceProperties` (NULL when the trace has none)
     device_properties JSON,
