@@ -225,6 +225,7 @@ class _Db:
         self.con, self.path, self.out = con, path, out
         self.tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         self.strings: dict = {}
+        self.hccl_rank, self.longest_wait = None, {}
 
     def columns(self, table: str) -> set[str]:
         return {r[1] for r in self.con.execute(f'PRAGMA table_info("{table}")')}
@@ -326,6 +327,10 @@ class _Db:
         for r in self.select("COMMUNICATION_TASK_INFO", ["globalTaskId", "opId", "name", "taskType", "transportType",
                                                           "linkType", "size", "srcRank", "dstRank", "rdmaType"]):  # fmt: skip
             hccl[r["globalTaskId"]] = r
+        # this rank is on one end of every HCCL task's link
+        ends = Counter(x for t in hccl.values() for x in {t["srcRank"], t["dstRank"]} if type(x) is int and x != NO_ID)
+        self.hccl_rank = next((x for x, n in ends.most_common(1) if n == len(hccl)), None)
+        self.longest_wait: dict = {}
         compute = {r["globalTaskId"] for r in self.select("COMPUTE_TASK_INFO", ["globalTaskId"])}
         ops = self.select("COMMUNICATION_OP", ["connectionId", "opId"])
         self.op_ids = {r["opId"] for r in ops}
@@ -359,6 +364,7 @@ class _Db:
             task_type = self.string(r["taskType"])
             if gid in hccl and hccl[gid]["opId"] in self.op_ids:
                 out.skipped[HCCL_TASK_REASON] += 1
+                self.note_wait(hccl[gid], task_type, r)
                 continue
             if gid in containers:
                 out.skipped[CONTAINER_REASON] += 1
@@ -379,6 +385,21 @@ class _Db:
             out.rows.append((kind, "X", kind, name, start, end - start, r["deviceId"], r["streamId"], None,
                              r["deviceId"], r["streamId"], conn, self.op_of_connection.get(conn), None,
                              _dump(args), None))  # fmt: skip
+
+    def note_wait(self, task: dict, task_type, r: dict) -> None:
+        """Keep each op's longest Notify_Wait and the peer it waited on: a rank blocked inside a collective
+        waits there for the peer's signal, so the longest one tells how late the latest peer was."""
+        if (self.string(task["taskType"]) or task_type) != "Notify_Wait":
+            return
+        start, end = _int(r["startNs"]), _int(r["endNs"])
+        if start is None or end is None or end < start:
+            return
+        # the task's own rank is on one side of the link and the peer on the other
+        ends = [task[c] for c in ("srcRank", "dstRank") if type(task[c]) is int and task[c] != NO_ID]
+        peer = next((x for x in ends if x != self.hccl_rank), None) if self.hccl_rank is not None else None
+        best = self.longest_wait.get(task["opId"])
+        if best is None or end - start > best[0]:
+            self.longest_wait[task["opId"]] = (end - start, peer)
 
     def task_event(self, r: dict, task_type, info: dict | None, pmu: dict | None):
         args = {"task type": task_type, "global task id": r["globalTaskId"], "connection id": r["connectionId"],
@@ -451,6 +472,9 @@ class _Db:
                     "hccl data type": hccl_dtype, "hccl op type": op_type, "algType": self.string(r["algType"]),
                     "relay": r["relay"], "retry": r["retry"], "op id": r["opId"], "connection id": r["connectionId"]}  # fmt: skip
             args.update(self.task_summary(tasks.get(r["opId"], []), links, transports))
+            if r["opId"] in self.longest_wait:
+                waited, peer = self.longest_wait[r["opId"]]
+                args |= {"longest notify wait ns": waited, "longest notify wait peer": peer}
             conn = r["connectionId"] if r["connectionId"] != NO_ID else None
             device, stream = place
             self.out.rows.append(("kernel", "X", "kernel", name, start, end - start, device, stream, None, device,

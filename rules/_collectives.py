@@ -103,6 +103,8 @@ class CrossRank:
 
     peers: list[int]
     wait: dict[int, int] = field(default_factory=dict)
+    # kernels whose wait the rank recorded itself inside the collective (not a start skew)
+    recorded: set[int] = field(default_factory=set)
     late: dict[int, int] = field(default_factory=dict)
     skews: list[int] = field(default_factory=list)
 
@@ -163,6 +165,31 @@ def cross_rank(con, ctx) -> dict[int, CrossRank]:
             entry.wait[m.event_id] = waited
             entry.late[m.latest_peer_rank] = entry.late.get(m.latest_peer_rank, 0) + waited
             entry.skews.append(int(m.latest_peer_start_skew_ns))
+    return out
+
+
+# The waits a rank recorded itself inside its collectives: HCCL (Ascend) writes each op's Notify_Wait
+# tasks, and the longest one is how long the rank waited there for its latest peer's signal.
+OWN_WAITS_SQL = """
+SELECT event_id, TRY_CAST(args->>'longest notify wait ns' AS BIGINT) AS waited,
+       TRY_CAST(args->>'longest notify wait peer' AS INTEGER) AS peer
+FROM kernels WHERE run_id = $run_id AND is_communication AND args->>'longest notify wait ns' IS NOT NULL
+"""
+
+
+def with_own_waits(con, run_id: int, cross: CrossRank | None) -> CrossRank | None:
+    """`cross` with each collective's wait raised to what the rank recorded itself waiting inside it
+    for a peer (OWN_WAITS_SQL), so a peer that is not loaded (or not profiled) can still be the late
+    one; unchanged when the trace records no such waits."""
+    own = [w for w in rows(con, OWN_WAITS_SQL, {"run_id": run_id}) if w.waited and w.peer is not None]
+    if not own:
+        return cross
+    out = cross or CrossRank(peers=sorted({w.peer for w in own}))
+    for w in own:
+        if w.waited > out.wait.get(w.event_id, 0):
+            out.wait[w.event_id] = int(w.waited)
+            out.late[w.peer] = out.late.get(w.peer, 0) + int(w.waited)
+            out.recorded.add(w.event_id)
     return out
 
 

@@ -145,7 +145,8 @@ def check(con, params, ctx):
         by_share = exposed / window >= params["min_exposed_share"]
         by_overlap = overlap_pct < params["max_overlap_pct"] and comm / window >= params["min_comm_share"]
         if by_share or by_overlap:
-            finding = _finding(con, ctx, run, d.device, params, sql_params, cross.get(d.run_id), kernels, window)
+            waits = _collectives.with_own_waits(con, d.run_id, cross.get(d.run_id))
+            finding = _finding(con, ctx, run, d.device, params, sql_params, waits, kernels, window)
             yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
 
 
@@ -216,9 +217,30 @@ def _caveats(params, kernels, exposed, window, shared_streams, cross) -> list[st
     return caveats
 
 
-def _explain(run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams, context):
+def _explain(
+    run,
+    worst,
+    launcher,
+    cross,
+    late_rank,
+    waiting,
+    exposed,
+    comm_stream,
+    compute_streams,
+    context,
+    ctx_ranks=frozenset(),
+):
     """(hypothesis, next experiment): waiting for a late peer, small latency-bound messages, or no overlap."""
     nbytes, collective = worst.get("message_bytes"), launcher["collective"]
+    if waiting and cross.recorded and not cross.skews:
+        loaded = late_rank in ctx_ranks
+        return (
+            f"Most exposed comm is rank {run.rank} waiting inside the collective for rank {late_rank}: the "
+            f"collective's own tasks record it (HCCL's longest Notify_Wait of each op is on the link to rank "
+            f"{late_rank}){'' if loaded else f', and rank {late_rank} is not among the loaded traces'}. The time is "
+            "a late peer, not transfer, so communication tuning or overlap will not remove it.",
+            advice.exposed_comm(context, "waiting", collective, run.rank, late_rank, late_loaded=loaded),
+        )
     if waiting:
         return (
             f"Most exposed comm is rank {run.rank} waiting inside the collective for rank {late_rank}, which launches "
@@ -268,8 +290,19 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
     late_rank = cross.latest_rank if cross else None
     wait_share = (wait / exposed) if (wait is not None and exposed) else None
     waiting = wait_share is not None and wait_share >= WAITING
+    loaded_ranks = frozenset(r.rank for r in ctx.runs if r.rank is not None)
     hypothesis, advised = _explain(
-        run, worst, launcher, cross, late_rank, waiting, exposed, comm_stream, compute_streams, ctx.workload(run.run_id)
+        run,
+        worst,
+        launcher,
+        cross,
+        late_rank,
+        waiting,
+        exposed,
+        comm_stream,
+        compute_streams,
+        ctx.workload(run.run_id),
+        loaded_ranks,
     )
     variants = None if waiting else _variants.find(con, run.run_id, device, "comm", params["variant_min_change"])
     next_experiment = advised.text

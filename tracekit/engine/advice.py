@@ -273,10 +273,16 @@ def blocking_call(
     )
 
 
-def exposed_comm(context, kind: str, collective: str | None, rank=None, late_rank=None) -> Advice:
-    """C001: exposed communication of `rank` that is `waiting` (for `late_rank`), `small`
-    (latency-bound messages) or `not_overlapped`."""
+def exposed_comm(context, kind: str, collective: str | None, rank=None, late_rank=None, late_loaded=True) -> Advice:
+    """C001: exposed communication of `rank` that is `waiting` (for `late_rank`; `late_loaded`: its
+    trace is loaded), `small` (latency-bound messages) or `not_overlapped`."""
     inference = _is(context, "workload", "inference")
+    if kind == "waiting" and not late_loaded:
+        return Advice(
+            f"Profile rank {late_rank} over the same steps (its trace is not loaded here) and analyse it with these "
+            f"ranks: R001 straggler then names what on rank {late_rank} takes longer. Start the profilers of all ranks "
+            "after a torch.distributed.barrier() so the first collective does not absorb start-up skew."
+        )
     if kind == "waiting":
         cut = (
             f"{'NPU' if _npu(context) else 'CUDA'} graphs / torch.compile for the decode step, move logging or "

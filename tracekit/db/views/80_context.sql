@@ -67,7 +67,10 @@ CREATE OR REPLACE VIEW workload_context(
     allreduces_per_step,
     -- allreduces_per_step is at least `context_many_allreduces_per_step()`: gradients are reduced
     -- tensor by tensor, not in buckets
-    per_tensor_allreduce
+    per_tensor_allreduce,
+    -- `npu` (an Ascend profiler's output, or AscendCL `acl*` runtime calls), `gpu` (GPU work of another
+    -- runtime), or NULL without device work: which runtime's terms the advice uses
+    accelerator
 ) AS
 WITH host AS (
     -- names repeat (every step runs the same ops): match the patterns once per distinct name
@@ -80,6 +83,7 @@ WITH host AS (
            sum(n) FILTER (WHERE name LIKE 'ProfilerStep#%') AS profiler_steps,
            sum(n) FILTER (WHERE kind = 'python_function') AS python_frames,
            sum(n) FILTER (WHERE kind IN ('cuda_runtime', 'cuda_driver')) AS runtime_calls,
+           sum(n) FILTER (WHERE kind = 'cuda_runtime' AND (name LIKE 'acl%' OR name LIKE 'AscendCL@%')) AS acl_calls,
            sum(n) FILTER (WHERE kind IN ('cpu_op', 'user_annotation')
                             AND (name LIKE '%Backward%' OR name LIKE 'autograd::engine::evaluate_function:%'
                                  OR name LIKE '%## backward ##%' OR name ILIKE '%loss.backward%')) AS backward_ops,
@@ -123,7 +127,7 @@ WITH host AS (
     WHERE b.name IN ('aten::flatten_dense_tensors', 'aten::unflatten_dense_tensors')
     GROUP BY f.run_id
 ), facts AS (
-    SELECT r.run_id, n.*, coalesce(g.kernels, 0) AS kernels, coalesce(g.triton_kernels, 0) AS triton_kernels,
+    SELECT r.run_id, r.format, n.*, coalesce(g.kernels, 0) AS kernels, coalesce(g.triton_kernels, 0) AS triton_kernels,
            coalesce(g.allreduce_kernels, 0) AS allreduce_kernels, coalesce(s.steps, 1) AS steps,
            coalesce(b.n, 0) AS broadcast_ops, coalesce(b.ns, 0) AS broadcast_ns
     FROM runs r LEFT JOIN names n ON n.run_id = r.run_id LEFT JOIN gpu g ON g.run_id = r.run_id
@@ -167,5 +171,7 @@ SELECT run_id,
        CASE WHEN single_loader > 0 THEN 'single-process' WHEN worker_loader > 0 THEN 'workers' END,
        CAST(coalesce(data_loader_ns, 0) AS BIGINT),
        round(allreduce_kernels / steps, 1),
-       allreduce_kernels / steps >= context_many_allreduces_per_step()
+       allreduce_kernels / steps >= context_many_allreduces_per_step(),
+       CASE WHEN format IN ('ascend_db', 'ascend_text', 'msprof', 'msprof_cluster') OR acl_calls > 0 THEN 'npu'
+            WHEN kernels > 0 THEN 'gpu' END
 FROM classified;
