@@ -64,7 +64,9 @@ ASCEND_PROCESS = re.compile(rb'"name"\s*:\s*"(Ascend Hardware|CANN)"')
 # what only torch_npu's merged trace has (msprof's own timeline JSON has the device and CANN
 # processes but no framework side, and numeric ts): a Python process, torch_to_npu flows, AscendCL@
 TORCH_SIDE = re.compile(rb'"name"\s*:\s*"Python"|"async_npu"|"torch_to_npu"|"AscendCL@|"cat"\s*:\s*"cpu_op"')
-KERNEL_HEADER = ("Name", "Accelerator Core", "Start Time(us)", "Duration(us)")
+KERNEL_HEADER = {"Step Id", "Model ID", "Task ID", "Stream ID", "Type", "Accelerator Core", "Start Time(us)",
+                 "Duration(us)", "Wait Time(us)", "Block Dim", "Block Num"}  # fmt: skip
+KERNEL_HEADER_MIN = 5
 KERNEL_REQUIRED = ("Name", "Start Time(us)", "Duration(us)")
 METADATA_KEYS = (b'"distributed_args"', b'"parallel_group_info"')
 
@@ -97,9 +99,11 @@ def sniff(head: bytes, name: str, **_) -> bool:
 
 
 def _kernel_header(head: bytes) -> list[str] | None:
+    """The header when it is kernel_details.csv's: a Name column and most of the task columns (one
+    missing is the file's error to report, not another format)."""
     line = head.lstrip(b"\xef\xbb\xbf").split(b"\n", 1)[0].decode("utf-8", "replace").strip()
-    cells = [c.strip() for c in line.split(",")]
-    return cells if all(c in cells for c in KERNEL_HEADER) else None
+    cells = {c.strip() for c in line.split(",")}
+    return sorted(cells) if "Name" in cells and len(cells & KERNEL_HEADER) >= KERNEL_HEADER_MIN else None
 
 
 def claims(folder: Path) -> bool:
