@@ -47,6 +47,7 @@ from functools import cache
 # The order a file's content is tried in: the first reader whose sniff says yes reads it, so a
 # broad sniff goes after the narrower ones it would take from.
 READERS = (
+    "ascend_text",  # before kineto, whose Chrome reader would take trace_view.json as generic JSON
     "kineto",
     "ascend_db",  # before nsys_sqlite, whose sniff takes any SQLite file
     "nsys_sqlite",

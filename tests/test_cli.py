@@ -130,7 +130,10 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path):
     wrong = tmp_path / "w.bin"  # (an nsys SQLite export is an input since tests/test_nsys.py)
     wrong.write_bytes(b"PK\x03\x04 not a trace\x00\x01")
     assert_one_line_error(
-        run("analyze", wrong), str(wrong), "not a format tracekit reads; tried by content: Chrome/Kineto trace JSON"
+        run("analyze", wrong),
+        str(wrong),
+        "not a format tracekit reads; tried by content: Ascend",
+        "Chrome/Kineto trace JSON",
     )
 
     no_events = tmp_path / "n.json"
