@@ -208,6 +208,23 @@ def _explain(s, split, dominant, params, graph_launches, site_text, device, cont
     )
 
 
+# DataLoader time inside the stream's active window: loading done before the first kernel (or after
+# the last) idles no part of the window, so it explains none of the gaps.
+LOADER_IN_WINDOW_SQL = """
+SELECT coalesce(sum(least(end_ns, $last) - greatest(ts_ns, $first)), 0) FROM events
+WHERE run_id = $run_id AND kind IN ('cpu_op', 'user_annotation') AND name LIKE 'enumerate(DataLoader)%'
+  AND ts_ns < $last AND end_ns > $first
+"""
+
+
+def _in_window(con, context, run_id: int, s):
+    """The run's context with its DataLoader time cut to the stream's active window."""
+    if context is None or not getattr(context, "data_loader_ns", None):
+        return context
+    within = con.execute(LOADER_IN_WINDOW_SQL, {"run_id": run_id, "first": s.first_ns, "last": s.last_ns}).fetchone()[0]
+    return context._replace(data_loader_ns=int(within))
+
+
 def _finding(con, ctx, run, params, s, graph_launches, others):
     where = {"device": s.device, "stream": s.stream}
     largest = _idle_gaps.largest_gaps(con, ctx, {"run_id": run.run_id, **where}, params["top_gaps"])
@@ -222,7 +239,14 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
         frame = user_frame(h["code_path"]) or h["op"] or h["site"]
         site_text = f" The largest share of host gaps ends at launches from {h['site']} ({frame})."
     hypothesis, advised = _explain(
-        s, split, dominant, params, graph_launches, site_text, s.device, ctx.workload(run.run_id)
+        s,
+        split,
+        dominant,
+        params,
+        graph_launches,
+        site_text,
+        s.device,
+        _in_window(con, ctx.workload(run.run_id), run.run_id, s),
     )
     caveats, confidence = _caveats(s, graph_launches)
     left_out = _phases.left_out(con, ctx, run.run_id, s.first_ns, s.last_ns, params)

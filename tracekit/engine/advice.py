@@ -159,6 +159,12 @@ def host_gaps(context, kind: str, host_idle_ns: int) -> Advice:
             "Overlap TorchRec's input distribution with the previous batch's compute: train with "
             "`TrainPipelineSparseDist` (sparse data dist of batch i+1 during batch i) and re-profile."
         )
+    if _npu(context) and _is(context, "framework", "pytorch"):
+        return Advice(
+            f"The NPU waits for the host to issue work: {NPU_TASK_QUEUE}, so the Python thread only enqueues and "
+            "another thread launches; if the gaps remain, capture the step in an NPU graph "
+            f"({NPU_GRAPH_RECIPE}). Re-profile and compare the idle share."
+        )
     return _measure(
         "Open the largest gaps' windows in the trace and read what the launching thread does there (rule H001 "
         "lists blocking syncs); the trace does not show which host work to move yet."
