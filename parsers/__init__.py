@@ -48,6 +48,7 @@ from functools import cache
 # broad sniff goes after the narrower ones it would take from.
 READERS = (
     "kineto",
+    "msprof_cluster",  # before nsys_sqlite, which takes any SQLite file
     "nsys_sqlite",
     "nsys_stats_csv",
     "perfetto_proto",
@@ -57,6 +58,7 @@ READERS = (
     "numerics_report",
     "runtime_events",
     "ncu_csv",
+    "msprof_folder",
 )
 HEAD_BYTES = 1 << 20  # the longest prefix any sniff reads (server logs, Perfetto packets)
 
