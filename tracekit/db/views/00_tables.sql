@@ -19,7 +19,8 @@ CREATE TABLE IF NOT EXISTS runs (
     source VARCHAR,
     -- `kineto`, `chrome_json` (Chrome trace JSON from another producer), `nsys_sqlite` (Nsight Systems
     -- SQLite export), `nsys_stats_csv` (`nsys stats` trace report), `ncu_csv`, `numerics_report`,
-    -- `serving_log`, `otlp_json`, `bench_serving`, `perfetto_proto` (Perfetto protobuf trace), or
+    -- `serving_log`, `otlp_json`, `bench_serving`, `perfetto_proto` (Perfetto protobuf trace), `msprof`
+    -- (msprof / MindSpore Profiler folder), `msprof_cluster` (msprof-analyze cluster analysis), or
     -- `runtime_events` for a runtime-event log with no trace to join
     format VARCHAR,
     -- `--label`, else the file name without `.json(.gz)` (`.jsonl(.gz)`)
