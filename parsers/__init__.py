@@ -50,6 +50,7 @@ READERS = (
     "ascend_text",  # before kineto, whose Chrome reader would take trace_view.json as generic JSON
     "kineto",
     "ascend_db",  # before nsys_sqlite, whose sniff takes any SQLite file
+    "msprof_cluster",  # before nsys_sqlite, which takes any SQLite file
     "nsys_sqlite",
     "nsys_stats_csv",
     "perfetto_proto",
@@ -59,6 +60,7 @@ READERS = (
     "numerics_report",
     "runtime_events",
     "ncu_csv",
+    "msprof_folder",
 )
 HEAD_BYTES = 1 << 20  # the longest prefix any sniff reads (server logs, Perfetto packets)
 

@@ -211,6 +211,14 @@ def describe_schema(session: Session, database: str | None = None, relation: str
             for c in item["columns"]:
                 c.pop("comment", None)
         result["note"] = "column descriptions left out to fit; describe_schema with `relation` gives one relation's"
+        if len(encode(result)) > MAX_RESULT_CHARS:  # still too long: each relation's text cut to its first sentence
+            for item in relations:
+                if "comment" in item:
+                    item["comment"] = item["comment"].split(". ")[0][:160]
+            result["note"] = (
+                "column descriptions left out and relation descriptions cut to fit; describe_schema "
+                "with `relation` gives one relation's"
+            )
     return result
 
 

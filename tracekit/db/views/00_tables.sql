@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS runs (
     -- `kineto`, `chrome_json` (Chrome trace JSON from another producer), `nsys_sqlite` (Nsight Systems
     -- SQLite export), `nsys_stats_csv` (`nsys stats` trace report), `ncu_csv`, `numerics_report`,
     -- `serving_log`, `otlp_json`, `bench_serving`, `perfetto_proto` (Perfetto protobuf trace), `ascend_db`
-    -- (Ascend torch_npu/msprof SQLite export), or
+    -- (Ascend torch_npu/msprof SQLite export), `ascend_text` (torch_npu text export), `msprof` (msprof /
+    -- MindSpore Profiler folder), `msprof_cluster` (msprof-analyze cluster analysis), or
     -- `runtime_events` for a runtime-event log with no trace to join
     format VARCHAR,
     -- `--label`, else the file name without `.json(.gz)` (`.jsonl(.gz)`)

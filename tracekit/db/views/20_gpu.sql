@@ -45,7 +45,8 @@ CREATE OR REPLACE VIEW kernels(
     -- `one_shot_all_reduce`, `two_shot_all_reduce`), TensorRT-LLM `oneShotAllReduce` /
     -- `twoShotAllReduce`, FlashInfer/TensorRT-LLM fused `allreduce_fusion_kernel`, DeepEP `deep_ep::`
     -- dispatch/combine, NVSHMEM (`nvshmem`), MSCCL++ (`mscclpp`), TransformerEngine userbuffers
-    -- (`userbuffers_`), Ascend HCCL (`hcom_allReduce__...`, `hccl...`)
+    -- (`userbuffers_`), Ascend HCCL (`hcom_allReduce__...`, `hccl...`, and MindSpore graph mode's
+    -- `<scope>/AllReduce-op534`)
     is_communication,
     -- the event's args
     args
@@ -63,7 +64,8 @@ SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlatio
         OR name LIKE '%oneShotAllReduce%' OR name LIKE '%twoShotAllReduce%'
         OR name LIKE '%deep_ep::%dispatch%' OR name LIKE '%deep_ep::%combine%'
         OR name LIKE '%allreduce_fusion_kernel%' OR name ILIKE '%nvshmem%' OR name ILIKE '%mscclpp%'
-        OR name LIKE '%userbuffers_%' OR starts_with(name, 'hcom_') OR name ILIKE 'hccl%'),
+        OR name LIKE '%userbuffers_%' OR starts_with(name, 'hcom_') OR name ILIKE 'hccl%'
+        OR regexp_matches(name, '(^|/)(AllReduce|AllGather|ReduceScatter|Broadcast|AlltoAll|AllToAll|Send|Receive)-op[0-9]+')),
        args
 FROM (SELECT *, json_extract_string(args, ['grid', 'block', 'registers per thread', 'shared memory', 'blocks per SM',
                                            'warps per SM', 'est. achieved occupancy %', 'graph id']) AS _launch
