@@ -176,22 +176,22 @@ def test_both_kernel_details_layouts_read_with_their_pmu_columns(name, pmu):
     assert windows[0][1] == min(ts for _, ts, *_ in got)
 
 
-def test_gpt3_parent_is_one_job_of_two_ranks_leaving_the_cluster_output_alone():
+def test_gpt3_parent_is_one_job_of_two_ranks_beside_the_cluster_output():
     parent = corpus(GPT3)
     found = inputs.expand([parent])
-    assert [i.path.name for i in found] == ["test_rank_0", "test_rank_1"]
-    assert all(i.reader is ascend_text for i in found)
+    assert [i.path.name for i in found] == ["cluster_analysis_output", "test_rank_0", "test_rank_1"]
+    assert [i.reader.FORMAT for i in found] == ["msprof_cluster", "ascend_text", "ascend_text"]
     cluster = parent / "cluster_analysis_output"
-    assert not ascend_text.claims(cluster) and parsers.claim(cluster) is None
+    assert not ascend_text.claims(cluster)  # the cluster reader's folder, not a rank's
     for file in cluster.iterdir():
         assert not ascend_text.sniff(file.read_bytes()[: parsers.HEAD_BYTES], file.name), file.name
-    assert sorted(found[0].notes["input"]["skipped_in_folder"]) == sorted(
-        f"cluster_analysis_output/{f.name}" for f in cluster.iterdir()
-    )
     con, results = _ingested(parent)
-    runs = con.execute("SELECT rank, world_size, rank_source FROM runs ORDER BY rank").fetchall()
+    runs = con.execute(
+        "SELECT rank, world_size, rank_source FROM runs WHERE format = 'ascend_text' ORDER BY rank"
+    ).fetchall()
     assert runs == [(0, 16, "profiler_info_0.json rank_id"), (1, 16, "profiler_info_1.json rank_id")]
-    for result, rank in zip(results, (0, 1)):
+    ranked = [r for r in results if r.format == "ascend_text"]
+    for result, rank in zip(ranked, (0, 1)):
         assert result.events_read == result.events_ingested + result.events_skipped
         assert result.events_read == _gpt3_items(parent / f"test_rank_{rank}" / "ASCEND_PROFILER_OUTPUT")
 
@@ -400,5 +400,6 @@ def test_analyze_cli_reads_the_corpus_inputs(name):
 
 def test_open_names_the_ranks_of_the_job():
     with tracekit.open(corpus(GPT3)) as job:
-        ranks = job.sql("SELECT list(rank ORDER BY rank) AS r FROM runs").fetchall()[0][0]
-    assert ranks == [0, 1]
+        ranks = job.sql("SELECT list(rank ORDER BY rank) FROM runs WHERE rank IS NOT NULL").fetchall()[0][0]
+        cluster = job.sql("SELECT world_size FROM runs WHERE format = 'msprof_cluster'").fetchall()
+    assert ranks == [0, 1] and cluster == [(16,)]  # the two rank folders and the job's cluster summary
