@@ -63,20 +63,6 @@ from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _ranks
 from tracekit.units import duration
 
-# Per rank: its mean wait for the peers per iteration, over the steady steps' iterations (every step
-# when a run has none steady) that hold shared collectives. The evidence query: `held` is the median
-# of the other ranks' wait_ns minus the least-waiting rank's.
-PER_RANK_SQL = """
-WITH s AS (
-    SELECT w.*, r.world_size FROM rank_step_waits w JOIN runs r USING (run_id)
-    WHERE w.collectives > 0
-    QUALIFY w.phase = 'steady' OR count(*) FILTER (WHERE w.phase = 'steady') OVER (PARTITION BY w.run_id) = 0
-)
-SELECT run_id, rank, world_size, count(*) AS steps, avg(wait_ns) AS wait_ns, avg(iteration_ns) AS iteration_ns,
-       avg(arrival_lag_ns) AS lag_ns, sum(arrived_last) AS arrived_last, sum(collectives) AS collectives
-FROM s WHERE world_size = $world_size GROUP BY run_id, rank, world_size ORDER BY rank
-"""
-
 # In how many iterations the rank waited less than the median of the other ranks in the same
 # iteration: near 1 for a rank that is late every time, about half for noise.
 CONSISTENCY_SQL = """
@@ -153,16 +139,13 @@ def check(con, params, ctx):
 
 
 def _job(con, ctx, params, world_size: int):
-    per_rank = [r for r in rows(con, PER_RANK_SQL, {"world_size": world_size}) if r.steps >= params["min_steps"]]
-    if len(per_rank) < 2 or len({r.rank for r in per_rank}) != len(per_rank):
+    found = _ranks.least_waiting(con, world_size, params["min_steps"])
+    if found is None:
         return None
-    slow = min(per_rank, key=lambda r: (r.wait_ns, r.rank))
-    peers = [r for r in per_rank if r is not slow]
-    held = statistics.median(r.wait_ns for r in peers) - slow.wait_ns
-    iteration = statistics.median(r.iteration_ns for r in per_rank)
+    slow, peers, held, iteration = found
     if iteration <= 0 or held < params["min_held_share"] * iteration:
         return None
-    run_ids = [r.run_id for r in per_rank]
+    run_ids = [r.run_id for r in (slow, *peers)]
     where = {"run_ids": run_ids, "rank": slow.rank}
     causes = _causes(con, params, slow, peers, run_ids)
     cause = _pick(causes, params["near_best"])
@@ -326,7 +309,7 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
         expected=Quantity(int(params["min_held_share"] * iteration), "ns", "at most min_held_share of the iteration"),
         impact_ns=int(held * slow.steps),
         window_ns=int(iteration * slow.steps),
-        sql=PER_RANK_SQL,
+        sql=_ranks.PER_RANK_WAITS_SQL,
         sql_params={"world_size": world_size},
         hypothesis=hypothesis,
         next_experiment=_next_experiment(cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes)),

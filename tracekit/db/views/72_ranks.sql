@@ -330,3 +330,41 @@ SELECT s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.iteration_end_ns - s
 FROM rank_steps s JOIN offsets o USING (run_id)
 LEFT JOIN collective_arrivals a ON a.run_id = s.run_id AND a.start_ns >= s.start_ns AND a.start_ns < s.iteration_end_ns
 GROUP BY s.run_id, s.rank, s.step_index, s.phase, s.dur_ns, s.iteration_end_ns, s.start_ns, o.clock_offset_ns;
+
+-- One row per rank of a job: its mean time per iteration in the three parts a step splits into
+-- on every rank (the split msprof-analyze's step trace uses, so the profiler's own cluster summary
+-- and tracekit's traces compare alike): computing, communication not hidden behind computing, and
+-- free time, over the steady steps (every step when a run has none). From the traces
+-- (`rank_steps`): on a GPU run the device's compute, exposed communication and idle time; on a
+-- CPU-only run (a gloo job) the step thread's traced host work outside collective calls, the
+-- collective calls, and the rest of the iteration. A job is the ranked runs of one world size.
+CREATE OR REPLACE VIEW rank_components(
+    -- the job's world size (`runs.world_size`)
+    world_size,
+    -- the run that holds the rank's numbers
+    run_id,
+    -- the rank
+    rank,
+    -- steps averaged over
+    steps,
+    -- where the numbers come from: `trace` (tracekit's own `rank_steps`)
+    source,
+    -- mean iteration: a step's start to the next step's
+    iteration_ns,
+    -- mean computing time per iteration
+    computing_ns,
+    -- mean communication time per iteration not overlapped with computing
+    communication_ns,
+    -- mean free time per iteration: the device (or the step thread) doing neither
+    free_ns
+) AS
+WITH s AS (
+    SELECT s.*, r.world_size FROM rank_steps s JOIN runs r USING (run_id)
+    WHERE r.world_size > 1
+    QUALIFY s.phase = 'steady' OR count(*) FILTER (WHERE s.phase = 'steady') OVER (PARTITION BY s.run_id) = 0
+)
+SELECT world_size, run_id, rank, count(*), 'trace', avg(iteration_end_ns - start_ns),
+       avg(CASE WHEN device IS NULL THEN greatest(host_ns - collective_ns, 0) ELSE compute_ns END),
+       avg(CASE WHEN device IS NULL THEN collective_ns ELSE comm_exposed_ns END),
+       avg(CASE WHEN device IS NULL THEN greatest(iteration_end_ns - start_ns - host_ns, 0) ELSE idle_ns END)
+FROM s GROUP BY world_size, run_id, rank;
