@@ -11,7 +11,7 @@ from collections import namedtuple
 
 import pytest
 
-from tests.conftest import ROOT, sample
+from tests.conftest import ROOT, corpus, sample
 from tracekit.engine.runner import run_rules
 from tracekit.rules import outlier_ranks
 
@@ -107,3 +107,34 @@ def test_more_communication_alone_reads_as_waiting():
     parts = {"communication": (50.0, 30.0, 13.5)}
     assert outlier_ranks._reading(parts) == "waits"
     assert outlier_ranks._reading({"computing": (40.0, 61.0, -14.0)}) == "light"
+
+
+CLUSTER_DB = "ascend/msinsight__full_db__cluster_analysis.db"
+GPT3 = "ascend/msinsight__server_test_data_gpt3"
+
+
+def test_the_profilers_cluster_summary_names_the_slow_ranks(loaded):
+    import sqlite3
+
+    con = loaded(corpus(CLUSTER_DB))
+    findings = run_rules(con, ["R002"])[0]
+    assert sorted(f.locality["rank"] for f in findings) == [0, 5]
+    assert all(f.severity == "warning" and f.extra["reading"] == "slow" for f in findings)
+    assert all(f.extra["source"] == "cluster summary" for f in findings)
+    # recomputed from the database itself (us -> ns), not from tracekit's view
+    source = sqlite3.connect(f"file:{corpus(CLUSTER_DB)}?mode=ro", uri=True)
+    rows = source.execute(
+        'SELECT CAST("index" AS INTEGER), computing, communication_not_overlapped, free FROM ClusterStepTraceTime '
+        "WHERE type = 'rank' ORDER BY 1"
+    ).fetchall()
+    iteration = statistics.median((c + n + f) * 1000 for _, c, n, f in rows)
+    free_z = dict(zip((r[0] for r in rows), _robust([r[3] * 1000 for r in rows], iteration, 0.01)))
+    for f in findings:
+        assert f.extra["parts"]["free"]["robust_z"] == pytest.approx(free_z[f.locality["rank"]], abs=0.01)
+        assert f.extra["parts"]["communication"]["ns"] < f.extra["parts"]["communication"]["median_ns"]
+
+
+def test_pipeline_stages_that_differ_as_groups_name_no_rank(loaded):
+    con = loaded(corpus(GPT3))
+    assert con.execute("SELECT count(*) FROM rank_components WHERE source = 'cluster summary'").fetchone()[0] == 16
+    assert run_rules(con, ["R002"])[0] == []

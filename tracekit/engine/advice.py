@@ -303,6 +303,13 @@ def exposed_comm(context, kind: str, collective: str | None, rank=None, late_ran
             "all ranks after a torch.distributed.barrier() so the first collective does not absorb start-up skew, and "
             "re-profile all ranks."
         )
+    if _is(context, "framework", "mindspore") and not inference:
+        return Advice(
+            "MindSpore fuses the data-parallel gradient all-reduces into few large ones issued after backward: split "
+            "the fusion so the first buckets start while backward still runs (`set_auto_parallel_context("
+            "all_reduce_fusion_config=[...])` with split indices, or `comm_fusion` with a smaller size), and check "
+            "HCCL_BUFFSIZE for the fused size; re-profile and re-run the evidence SQL."
+        )
     if _is(context, "framework", "native"):
         return Advice(
             "Overlap the exchange with computation: post non-blocking MPI/NCCL calls early, compute the interior "

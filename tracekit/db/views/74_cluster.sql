@@ -39,3 +39,51 @@ SELECT run_id, TRY_CAST(args->>'step' AS BIGINT) AS step, TRY_CAST(args->>'rank'
 FROM run_metrics
 WHERE starts_with(name, 'cluster_step.')
 GROUP BY run_id, TRY_CAST(args->>'step' AS BIGINT), TRY_CAST(args->>'rank' AS INTEGER);
+
+-- One row per rank of a job: its mean time per iteration in the three parts a step splits into
+-- on every rank (the split msprof-analyze's step trace uses, so the profiler's own cluster summary
+-- and tracekit's traces compare alike): computing, communication not hidden behind computing, and
+-- free time, over the steady steps (every step when a run has none). From the traces
+-- (`rank_steps`): on a GPU run the device's compute, exposed communication and idle time; on a
+-- CPU-only run (a gloo job) the step thread's traced host work outside collective calls, the
+-- collective calls, and the rest of the iteration; a job is the ranked runs of one world size. From
+-- a profiler's cluster summary (`cluster_step_components`, msprof-analyze): its own numbers per
+-- rank, the iteration being their sum; a job is that summary's run.
+CREATE OR REPLACE VIEW rank_components(
+    -- the job's world size (`runs.world_size`)
+    world_size,
+    -- the run that holds the rank's numbers
+    run_id,
+    -- the rank
+    rank,
+    -- steps averaged over
+    steps,
+    -- where the numbers come from: `trace` (tracekit's own `rank_steps`) or `cluster summary` (the
+    -- profiler's, `cluster_step_components`)
+    source,
+    -- mean iteration: a step's start to the next step's
+    iteration_ns,
+    -- mean computing time per iteration
+    computing_ns,
+    -- mean communication time per iteration not overlapped with computing
+    communication_ns,
+    -- mean free time per iteration: the device (or the step thread) doing neither
+    free_ns
+) AS
+WITH s AS (
+    SELECT s.*, r.world_size FROM rank_steps s JOIN runs r USING (run_id)
+    WHERE r.world_size > 1
+    QUALIFY s.phase = 'steady' OR count(*) FILTER (WHERE s.phase = 'steady') OVER (PARTITION BY s.run_id) = 0
+)
+SELECT world_size, run_id, rank, count(*), 'trace', avg(iteration_end_ns - start_ns),
+       avg(CASE WHEN device IS NULL THEN greatest(host_ns - collective_ns, 0) ELSE compute_ns END),
+       avg(CASE WHEN device IS NULL THEN collective_ns ELSE comm_exposed_ns END),
+       avg(CASE WHEN device IS NULL THEN greatest(iteration_end_ns - start_ns - host_ns, 0) ELSE idle_ns END)
+FROM s GROUP BY world_size, run_id, rank
+UNION ALL
+SELECT r.world_size, c.run_id, c.rank, count(*), 'cluster summary',
+       avg(c.computing_ns + c.communication_not_overlapped_ns + c.free_ns), avg(c.computing_ns),
+       avg(c.communication_not_overlapped_ns), avg(c.free_ns)
+FROM cluster_step_components c JOIN runs r USING (run_id)
+WHERE c.rank IS NOT NULL AND r.world_size > 1
+GROUP BY r.world_size, c.run_id, c.rank;

@@ -21,15 +21,17 @@ CREATE OR REPLACE MACRO context_many_allreduces_per_step() AS 50;
 CREATE OR REPLACE VIEW workload_context(
     -- the run
     run_id,
-    -- `training` (autograd backward ops, a `## backward ##` annotation or an optimizer step),
+    -- `training` (autograd backward ops, a `## backward ##` annotation, an optimizer step, or a
+    -- MindSpore graph's `Gradients/` kernels),
     -- `inference` (no backward, and prefill/decode/generate annotations or frames, or a serving
     -- engine), else `unknown`
     workload,
     -- the counts that decided `workload`
     workload_evidence,
-    -- `pytorch` (PyTorch ops `aten::`/`c10d::`, `ProfilerStep#N` or Python frames), `native` (GPU
-    -- runtime calls but no PyTorch op: a C/C++/Fortran application, e.g. an MPI+CUDA code), else
-    -- `unknown`
+    -- `mindspore` (kernels named by a MindSpore graph's full scope, `Default/.../Conv2D-op8`, and no
+    -- PyTorch op), `pytorch` (PyTorch ops `aten::`/`c10d::`, `ProfilerStep#N` or Python frames),
+    -- `native` (GPU runtime calls but no PyTorch op: a C/C++/Fortran application, e.g. an MPI+CUDA
+    -- code), else `unknown`
     framework,
     -- the counts that decided `framework`
     framework_evidence,
@@ -113,7 +115,11 @@ WITH host AS (
 ), gpu AS (
     SELECT run_id, count(*) AS kernels,
            count(*) FILTER (WHERE name LIKE 'triton\_%' ESCAPE '\') AS triton_kernels,
-           count(*) FILTER (WHERE is_communication AND name ILIKE '%allreduce%') AS allreduce_kernels
+           count(*) FILTER (WHERE is_communication AND name ILIKE '%allreduce%') AS allreduce_kernels,
+           -- MindSpore names a graph's kernels by their full scope: `Default/network-.../Conv2D-op8`,
+           -- `Gradients/Default/.../gradConv2D/...-op90`
+           count(*) FILTER (WHERE regexp_matches(name, '^(Default|Gradients)/.*-op[0-9]+')) AS mindspore_kernels,
+           count(*) FILTER (WHERE starts_with(name, 'Gradients/')) AS mindspore_gradients
     FROM kernels GROUP BY run_id
 ), step_count AS (
     SELECT run_id, occurrences AS steps FROM step_candidates WHERE choice = 1
@@ -128,6 +134,7 @@ WITH host AS (
     GROUP BY f.run_id
 ), facts AS (
     SELECT r.run_id, r.format, n.*, coalesce(g.kernels, 0) AS kernels, coalesce(g.triton_kernels, 0) AS triton_kernels,
+           coalesce(g.mindspore_kernels, 0) AS mindspore_kernels, coalesce(g.mindspore_gradients, 0) AS mindspore_gradients,
            coalesce(g.allreduce_kernels, 0) AS allreduce_kernels, coalesce(s.steps, 1) AS steps,
            coalesce(b.n, 0) AS broadcast_ops, coalesce(b.ns, 0) AS broadcast_ns
     FROM runs r LEFT JOIN names n ON n.run_id = r.run_id LEFT JOIN gpu g ON g.run_id = r.run_id
@@ -141,16 +148,19 @@ WITH host AS (
     FROM facts
 )
 SELECT run_id,
-       CASE WHEN backward_ops > 0 OR optimizer_steps > 0 THEN 'training'
+       CASE WHEN backward_ops > 0 OR optimizer_steps > 0 OR mindspore_gradients > 0 THEN 'training'
             WHEN inference_names > 0 OR engine IN ('vllm', 'sglang') THEN 'inference'
             ELSE 'unknown' END,
-       format('{} backward ops, {} optimizer steps, {} prefill/decode/generate names',
-              coalesce(backward_ops, 0), coalesce(optimizer_steps, 0), coalesce(inference_names, 0)),
-       CASE WHEN is_pytorch THEN 'pytorch' WHEN coalesce(runtime_calls, 0) > 0 OR kernels > 0 THEN 'native'
+       format('{} backward ops, {} optimizer steps, {} prefill/decode/generate names, {} MindSpore gradient kernels',
+              coalesce(backward_ops, 0), coalesce(optimizer_steps, 0), coalesce(inference_names, 0),
+              mindspore_gradients),
+       -- a reader that makes ProfilerStep#N annotations from a profiler's step table makes no run PyTorch
+       CASE WHEN mindspore_kernels > 0 AND coalesce(torch_ops, 0) = 0 THEN 'mindspore'
+            WHEN is_pytorch THEN 'pytorch' WHEN coalesce(runtime_calls, 0) > 0 OR kernels > 0 THEN 'native'
             ELSE 'unknown' END,
-       format('{} aten::/c10d:: ops, {} ProfilerStep annotations, {} Python frames, {} runtime calls',
+       format('{} aten::/c10d:: ops, {} ProfilerStep annotations, {} Python frames, {} runtime calls, {} MindSpore-scoped kernels',
               coalesce(torch_ops, 0), coalesce(profiler_steps, 0), coalesce(python_frames, 0),
-              coalesce(runtime_calls, 0)),
+              coalesce(runtime_calls, 0), mindspore_kernels),
        CASE WHEN kernels = 0 AND coalesce(graph_launches, 0) = 0 THEN NULL
             WHEN graph_launches > 0 THEN 'cuda_graphs' WHEN is_compiled THEN 'compiled' ELSE 'eager' END,
        format('{} graph launches, {} torch.compile ops, {} triton_ kernels of {}',
