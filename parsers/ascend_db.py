@@ -330,6 +330,11 @@ class _Db:
         # this rank is on one end of every HCCL task's link
         ends = Counter(x for t in hccl.values() for x in {t["srcRank"], t["dstRank"]} if type(x) is int and x != NO_ID)
         self.hccl_rank = next((x for x, n in ends.most_common(1) if n == len(hccl)), None)
+        if ends and self.out.world_size is None and self.hccl_rank is not None:
+            # no table states the world size; the ranks this one exchanged with bound it from below,
+            # and every rank of a data-parallel group sees the same ones, so its folders form one job
+            self.out.world_size = max(ends) + 1
+            self.out.notes["world_size_source"] = "largest rank in the HCCL tasks' links + 1"
         self.longest_wait: dict = {}
         compute = {r["globalTaskId"] for r in self.select("COMPUTE_TASK_INFO", ["globalTaskId"])}
         ops = self.select("COMMUNICATION_OP", ["connectionId", "opId"])
