@@ -48,6 +48,10 @@ CREATE OR REPLACE VIEW kernels(
     -- (`userbuffers_`), Ascend HCCL (`hcom_allReduce__...`, `hccl...`, and MindSpore graph mode's
     -- `<scope>/AllReduce-op534`)
     is_communication,
+    -- the core an Ascend NPU task ran on, as its profiler names it (`AI_CORE`, `AI_VECTOR_CORE`,
+    -- `AI_CPU`, `MIX_AIC`, `MIX_AIV`, `HCCL`, ...: kernel_details' `Accelerator Core`, the db export's
+    -- `accelerator core`, a timeline's `Task Type`); NULL on GPUs
+    core,
     -- the event's args
     args
 ) AS
@@ -66,9 +70,11 @@ SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlatio
         OR name LIKE '%allreduce_fusion_kernel%' OR name ILIKE '%nvshmem%' OR name ILIKE '%mscclpp%'
         OR name LIKE '%userbuffers_%' OR starts_with(name, 'hcom_') OR name ILIKE 'hccl%'
         OR regexp_matches(name, '(^|/)(AllReduce|AllGather|ReduceScatter|Broadcast|AlltoAll|AllToAll|Send|Receive)-op[0-9]+')),
+       coalesce(_launch[9], _launch[10], _launch[11]),
        args
 FROM (SELECT *, json_extract_string(args, ['grid', 'block', 'registers per thread', 'shared memory', 'blocks per SM',
-                                           'warps per SM', 'est. achieved occupancy %', 'graph id']) AS _launch
+                                           'warps per SM', 'est. achieved occupancy %', 'graph id',
+                                           'accelerator core', 'Accelerator Core', 'Task Type']) AS _launch
       FROM events WHERE kind = 'kernel');
 
 -- Kernels, memcpys and memsets with a duration: the work that makes a device busy.
