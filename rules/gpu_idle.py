@@ -259,7 +259,7 @@ def _finding(con, ctx, run, params, s, graph_launches, others):
         severity=advised.cap(by_share(exposed_share, params)),
         confidence=confidence,
         title=(
-            f"GPU {s.device} stream {s.stream} idle {share:.0%} of its active window "
+            f"{ctx.device_word(run.run_id)} {s.device} stream {s.stream} idle {share:.0%} of its active window "
             f"({duration(idle)} of {duration(active)}): {by_cause}"
         ),
         locality=locality(run, device=int(s.device), stream=int(s.stream), window_ns=[s.first_ns, s.last_ns]),

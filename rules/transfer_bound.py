@@ -267,7 +267,7 @@ def _finding(con, ctx, run, params, device, directions, device_name) -> Finding:
         severity=by_share(copy_only / run.window_ns, params),
         confidence=0.9 if main is not None and main.bytes else 0.7,
         title=(
-            f"GPU {device.device} busy {share(share_of_busy)} of its time with copies ({duration(copy_only)}, "
+            f"{ctx.device_word(run.run_id)} {device.device} busy {share(share_of_busy)} of its time with copies ({duration(copy_only)}, "
             f"{share(copy_only / run.window_ns)} of the window): {sentences[0] if sentences else 'memsets'}"
         ),
         locality=locality(

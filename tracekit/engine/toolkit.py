@@ -95,6 +95,10 @@ class Context:
         found, row_type = self._workloads
         return found.get(run_id) or row_type._make([run_id] + [None] * (len(row_type._fields) - 1))
 
+    def device_word(self, run_id: int) -> str:
+        """What the run's accelerator is called in a finding's text: `NPU` on Ascend, else `GPU`."""
+        return "NPU" if getattr(self.workload(run_id), "accelerator", None) == "npu" else "GPU"
+
     @functools.cached_property
     def _flagged_checks(self) -> tuple[list, str | None]:
         from tracekit.engine.quality import flagged_checks
