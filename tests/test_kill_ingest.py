@@ -40,12 +40,12 @@ def clean_counts():
     return {p: _events_of_a_clean_ingest(p) for p in (KILLED, LATER)}
 
 
-def _ingest(db: Path, trace: Path, tmp: Path, kill_at: str | None = None) -> subprocess.CompletedProcess:
+def _ingest(db: Path, trace: Path, tmp: Path, kill_at: str | None = None, *flags: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "TMPDIR": str(tmp)}
     env.pop("TRACEKIT_KILL_AT", None)
     if kill_at:
         env["TRACEKIT_KILL_AT"] = kill_at
-    return subprocess.run([TRACEKIT, "ingest", "-q", str(trace), "--db", str(db)], env=env, capture_output=True,
+    return subprocess.run([TRACEKIT, "ingest", "-q", *flags, str(trace), "--db", str(db)], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip
 
 
@@ -96,6 +96,20 @@ def test_a_kill_at_each_step_leaves_nothing_the_next_ingest_sees(tmp_path, point
     if point != "read":  # a run id was taken (and committed) before the kill: never handed out again
         assert max(runs) == 2
     assert _staged(tmp) == [], "temporary files of the killed ingest are still there"
+
+
+@pytest.mark.parametrize("point", ["derived", "committed"])
+def test_a_killed_replace_leaves_the_old_run_or_the_new_never_both(tmp_path, point, clean_counts):
+    """`--replace` deletes the run it replaces in the commit that completes the new one: killed before
+    that commit the old run stays, killed after it only the new one is there."""
+    db, tmp = tmp_path / "t.duckdb", tmp_path / "tmp"
+    tmp.mkdir()
+    assert _ingest(db, KILLED, tmp).returncode == 0
+    assert _ingest(db, KILLED, tmp, point, "--replace").returncode == -signal.SIGKILL
+    assert _ingest(db, LATER, tmp).returncode == 0
+    runs = _check_exact(db, clean_counts)  # one run of each file, each exact
+    assert sorted(runs.values()) == sorted([str(KILLED), str(LATER)])
+    assert (min(r for r, s in runs.items() if s == str(KILLED)) == 1) == (point == "derived")
 
 
 def test_a_killed_split_ingest_leaves_no_rank(tmp_path, clean_counts):

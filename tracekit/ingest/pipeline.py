@@ -23,7 +23,7 @@ from tracekit.ingest.native import export_native, is_native
 from tracekit.ingest.nesting import compute_nesting
 from tracekit.ingest.offsets import measure
 from tracekit.ingest.runs import Duplicate, IngestResult
-from tracekit.ingest.transaction import delete_runs, run_or_nothing, transaction
+from tracekit.ingest.transaction import delete_rows, run_or_nothing, transaction
 from tracekit.parsers import rows
 
 __all__ = ["IngestResult", "ingest", "plan"]
@@ -186,12 +186,12 @@ def _ingest_all(
                     parts += [reads.get(i) for i in log_indexes]
                     started = time.perf_counter()  # the logs' own time is theirs
                     parts.append(reads.get(first))
-                    run_results = _ingest_run(con, parts[-1], parts[:-1], rank, label, started, align, offsets)
+                    run_results = _ingest_run(
+                        con, parts[-1], parts[:-1], rank, label, started, align, offsets, replaced.get(first, [])
+                    )
                     results += run_results
                 finally:
                     _cleanup(*parts)
-                if replaced.get(first):
-                    delete_runs(con, replaced[first])
                 if after_run is not None:
                     after_run(run_results)
         except BaseException:
@@ -281,10 +281,13 @@ def _read(item: Input, options: dict) -> Part:
     return Part(item, export, time.perf_counter() - started)
 
 
-def _ingest_run(con, main: Part, logs: list[Part], rank, label, started, align, offsets) -> list[IngestResult]:
+def _ingest_run(
+    con, main: Part, logs: list[Part], rank, label, started, align, offsets, replaces: list[int]
+) -> list[IngestResult]:
     """One run: its files' rows in one transaction, then what is derived from them in another (see
-    transaction.py); a failure anywhere leaves none of it behind, and a kill leaves an
-    `ingest_pending` row by which the next open removes the rest (tracekit.db.pending)."""
+    transaction.py), which also deletes the runs it `replaces` (`--replace`); a failure anywhere leaves
+    none of it behind, and a kill leaves an `ingest_pending` row by which the next open removes the rest
+    (tracekit.db.pending)."""
     kill_points.reached("read")
     run_ids = pending.begin(con, str(main.export.source))
     try:
@@ -310,6 +313,8 @@ def _ingest_run(con, main: Part, logs: list[Part], rank, label, started, align, 
                     out = _derive_ranks(con, run_ids, ranked, main, attached, span, label, started)
                 else:
                     out = _derive(con, run_ids[0], main, attached, span, rank, label, started)
+                if replaces:
+                    delete_rows(con, replaces)
                 pending.finish(con, run_ids[:1])
                 kill_points.reached("derived")
         kill_points.reached("committed")

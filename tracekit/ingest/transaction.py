@@ -45,5 +45,11 @@ def run_or_nothing(con, run_ids: list[int]) -> Iterator[None]:
 def delete_runs(con, run_ids: list[int]) -> None:
     """Every row of these runs, from every table that holds rows of a run, in one transaction."""
     with transaction(con):
-        for table in run_tables(con):
-            con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [list(run_ids)])
+        delete_rows(con, run_ids)
+
+
+def delete_rows(con, run_ids: list[int]) -> None:
+    """Every row of these runs, inside the caller's transaction (a replaced run goes in the same commit
+    that completes the run replacing it, so a kill never leaves both or neither)."""
+    for table in run_tables(con):
+        con.execute(f'DELETE FROM "{table}" WHERE list_contains(?, run_id)', [list(run_ids)])
