@@ -34,11 +34,11 @@ import orjson
 
 from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers import sqlite_files
 from tracekit.parsers.rows import Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
 
 FORMAT = "ascend_db"
 DESCRIPTION = "Ascend profiler SQLite export (torch_npu ascend_pytorch_profiler_N.db, msprof msprof_N.db)"
-MAGIC = b"SQLite format 3\x00"
 OUTPUT = "ASCEND_PROFILER_OUTPUT"
 DB_GLOB = "ascend_pytorch_profiler_*.db"
 NO_ID = 4294967295  # contextId/modelId/connectionId written when there is none
@@ -91,7 +91,7 @@ TEXT_EXPORT_REASON = "the db holds the same events"
 def sniff(head: bytes, name: str, **_) -> bool:
     """An Ascend db: a SQLite file whose schema (in its first pages) has STRING_IDS with a TASK,
     COMPUTE_TASK_INFO or CANN_API table; Nsight exports (StringIds, CUPTI_ACTIVITY_KIND_*) are not."""
-    if head[:16] != MAGIC or b"CUPTI_ACTIVITY_KIND" in head or b"StringIds" in head:
+    if head[:16] != sqlite_files.MAGIC or b"CUPTI_ACTIVITY_KIND" in head or b"StringIds" in head:
         return False
     if not re.search(rb"CREATE TABLE \"?STRING_IDS\b", head):
         return False
@@ -172,22 +172,8 @@ def _pick_db(folder: Path, dbs: list[Path], info: dict) -> Path:
     return named[0]
 
 
-def _connect(path: Path):
-    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
-
-
 def _read_db(path: Path, database: Path, out: Export) -> Export:
-    try:
-        with open(database, "rb") as f:
-            head = f.read(16)
-    except OSError as e:
-        raise InputError(path, "file", f"expected a readable file ({e.strerror})") from None
-    if head != MAGIC:
-        raise InputError(path, "byte 0", "expected an Ascend profiler SQLite export (SQLite header)")
-    try:
-        con = _connect(database)
-    except sqlite3.Error as e:
-        raise InputError(path, "database", f"expected a readable SQLite database ({e})") from None
+    con = sqlite_files.open_export(path, database, "an Ascend profiler SQLite export")
     try:
         _Db(con, path, out).read()
     except sqlite3.Error as e:
@@ -679,7 +665,7 @@ def _items(text: str) -> list[str]:
 def _read_analysis(path: Path, out: Export) -> None:
     """analysis.db StepTraceTime (msprof-analyze's per-step breakdown, in us) -> run_metrics in ns."""
     try:
-        con = _connect(path)
+        con = sqlite_files.connect(path)
         try:
             tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
             out.notes["analysis_db_tables"] = {t: con.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0]

@@ -25,13 +25,13 @@ from pathlib import Path
 import orjson
 
 from tracekit.errors import InputError
+from tracekit.parsers import sqlite_files
 from tracekit.parsers.ascend_files import json_file, ns, number, table
 from tracekit.parsers.rows import Export
 
 FORMAT = "msprof_cluster"
 DESCRIPTION = "msprof-analyze cluster analysis (cluster_analysis_output/ or cluster_analysis.db)"
 
-MAGIC = b"SQLite format 3\x00"
 STEP_CSV = "cluster_step_trace_time.csv"
 FOLDER_FILES = (STEP_CSV, "cluster_communication.json", "cluster_communication_matrix.json")
 DB_TABLES = ("ClusterStepTraceTime", "ClusterCommAnalyzerTime", "ClusterCommAnalyzerBandwidth",
@@ -48,7 +48,7 @@ TIME_KEYS = {"Elapse Time(ms)": "elapsed_time", "Transit Time(ms)": "transit_tim
 
 def sniff(head: bytes, name: str, **_) -> bool:
     """A SQLite file whose schema (in its first pages) creates msprof-analyze's cluster tables."""
-    return head[:16] == MAGIC and all(f"CREATE TABLE {t}(".encode() in head or f"CREATE TABLE {t} (".encode() in head
+    return head[:16] == sqlite_files.MAGIC and all(f"CREATE TABLE {t}(".encode() in head or f"CREATE TABLE {t} (".encode() in head
                                       for t in ("ClusterStepTraceTime", "ClusterCommAnalyzerTime"))  # fmt: skip
 
 
@@ -213,7 +213,7 @@ def _select(con, path: Path, name: str, needed: tuple):
 
 def _read_db(path: Path, out: Export, ranks: set) -> None:
     try:
-        con = sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
+        con = sqlite_files.connect(path)
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     except sqlite3.DatabaseError as exc:
         raise InputError(path, "byte 0", f"a readable SQLite database ({exc})") from None

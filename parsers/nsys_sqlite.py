@@ -34,11 +34,11 @@ import orjson
 
 from tracekit import compression
 from tracekit.errors import InputError
+from tracekit.parsers import sqlite_files
 from tracekit.parsers.rows import ABSURD_NS, TIME_REASON, Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
 
 FORMAT = "nsys_sqlite"
 DESCRIPTION = "Nsight Systems SQLite export"
-MAGIC = b"SQLite format 3\x00"
 
 KERNEL = "CUPTI_ACTIVITY_KIND_KERNEL"
 MEMCPY = "CUPTI_ACTIVITY_KIND_MEMCPY"
@@ -68,15 +68,11 @@ RANKS_BY_PROCESS = True
 
 def sniff(head: bytes, name: str, **_) -> bool:
     """A SQLite database file (judged by its 16-byte header)."""
-    return head[:16] == MAGIC
+    return head[:16] == sqlite_files.MAGIC
 
 
 def _pid(global_tid):
     return None if global_tid is None else global_tid // TID_MASK % TID_MASK
-
-
-def _connect(path: Path):
-    return sqlite3.connect(f"file:{path}?mode=ro&immutable=1", uri=True)
 
 
 def read(path: Path, batch_rows: int = BATCH_ROWS, tmpdir: str | None = None, **_) -> Export:
@@ -101,14 +97,7 @@ def read(path: Path, batch_rows: int = BATCH_ROWS, tmpdir: str | None = None, **
 
 
 def _open(path: Path, database: Path, batch_rows: int) -> Export:
-    with open(database, "rb") as f:
-        head = f.read(16)
-    if head != MAGIC:
-        raise InputError(path, "byte 0", "expected an Nsight Systems SQLite export (SQLite header)")
-    try:
-        con = _connect(database)
-    except sqlite3.Error as e:
-        raise InputError(path, "database", f"expected a readable SQLite database ({e})") from None
+    con = sqlite_files.open_export(path, database, "an Nsight Systems SQLite export")
     try:
         return _read(con, path, database, batch_rows)
     except sqlite3.Error as e:
@@ -181,7 +170,7 @@ def _read(con, path: Path, database: Path, batch_rows: int) -> Export:
         out.notes["correlation"] = "several processes: correlation = pid * 2**32 + correlationId (raw id in args)"
 
     def loader(duck, run_id: int, offset: int = 0) -> None:
-        src = _connect(database)
+        src = sqlite_files.connect(database)
         try:
             _load(src, duck, out, database, present, "StringIds" in tables, run_id, base + offset, multi, batch_rows)
         except sqlite3.Error as e:
@@ -470,7 +459,7 @@ def _read_ahead(database: Path, path: Path, wanted: dict, batch_rows: int, table
 
     def produce() -> None:
         try:
-            src = _connect(database)
+            src = sqlite_files.connect(database)
             try:
                 for table, (cols, have, lookups) in wanted.items():
                     for n, batch in _batches(src, path, table, cols, have, batch_rows):
