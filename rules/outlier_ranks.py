@@ -69,6 +69,14 @@ FROM rank_components WHERE world_size = $world_size AND source = $source ORDER B
 # A job: the ranks of one world size from one source (traces, or one profiler cluster summary)
 JOBS_SQL = "SELECT DISTINCT world_size, source FROM rank_components ORDER BY world_size, source"
 
+# Whether there is anything to compare: two ranked runs of one job, or a profiler's cluster summary
+# (`rank_components` computes every run's steps, which a single-rank analysis should not pay for).
+ANY_JOB_SQL = """
+SELECT (SELECT count(*) FROM (SELECT world_size FROM runs WHERE rank IS NOT NULL AND world_size > 1
+                              GROUP BY world_size HAVING count(DISTINCT rank) > 1))
+     + (SELECT count(*) FROM (SELECT 1 FROM cluster_step_components LIMIT 1))
+"""
+
 PARTS = ("computing", "communication", "free")
 # R001's default: the least-waiting rank is its finding when it holds the others this share
 STRAGGLER_SHARE = 0.04
@@ -91,6 +99,8 @@ STRAGGLER_SHARE = 0.04
     scope="job",
 )
 def check(con, params, ctx):
+    if not con.execute(ANY_JOB_SQL).fetchone()[0]:
+        return
     for world_size, source in con.execute(JOBS_SQL).fetchall():
         ranks = rows(con, COMPONENTS_SQL, {"world_size": world_size, "source": source})
         if len({r.rank for r in ranks}) != len(ranks) or len(ranks) < params["min_ranks"]:
