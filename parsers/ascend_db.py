@@ -32,7 +32,6 @@ from pathlib import Path
 
 import orjson
 
-from tracekit import compression
 from tracekit.errors import InputError
 from tracekit.parsers import sqlite_files
 from tracekit.parsers.rows import Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
@@ -112,11 +111,7 @@ def read(path: Path, tmpdir: str | None = None, **_) -> Export:
     path = Path(path)
     if path.is_dir():
         return _read_folder(path)
-    try:
-        compressed = compression.kind(path) is not None
-    except OSError as e:
-        raise InputError(path, "file", f"expected a readable file ({e.strerror})") from None
-    database = compression.decompressed_copy(path, tmpdir) if compressed else path
+    database, compressed = sqlite_files.openable(path, tmpdir)
     try:
         return _read_db(path, database, Export(path, format=FORMAT))
     finally:

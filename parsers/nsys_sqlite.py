@@ -32,7 +32,6 @@ from pathlib import Path
 
 import orjson
 
-from tracekit import compression
 from tracekit.errors import InputError
 from tracekit.parsers import sqlite_files
 from tracekit.parsers.rows import ABSURD_NS, TIME_REASON, Export, load  # noqa: F401  (load: this reader's rows go in as every reader's do)
@@ -80,11 +79,7 @@ def read(path: Path, batch_rows: int = BATCH_ROWS, tmpdir: str | None = None, **
     ingested or counted as skipped); InputError for a file that is not a readable nsys export. SQLite
     reads a database in place, so a compressed export is read from a decompressed copy in `tmpdir`."""
     path = Path(path)
-    try:
-        compressed = compression.kind(path) is not None
-    except OSError as e:
-        raise InputError(path, "file", f"expected a readable file ({e.strerror})") from None
-    database = compression.decompressed_copy(path, tmpdir) if compressed else path
+    database, compressed = sqlite_files.openable(path, tmpdir)
     try:
         export = _open(path, database, batch_rows)
     except BaseException:

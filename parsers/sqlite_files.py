@@ -7,6 +7,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from tracekit import compression
 from tracekit.errors import InputError
 
 MAGIC = b"SQLite format 3\x00"
@@ -31,3 +32,13 @@ def open_export(path: Path, database: Path, what: str):
         return connect(database)
     except sqlite3.Error as e:
         raise InputError(path, "database", f"expected a readable SQLite database ({e})") from None
+
+
+def openable(path: Path, tmpdir: str | None) -> tuple[Path, bool]:
+    """(the file SQLite opens for `path`, whether it is a decompressed copy in `tmpdir` that the
+    caller removes): SQLite reads a database in place, so a compressed export is copied out first."""
+    try:
+        compressed = compression.kind(path) is not None
+    except OSError as e:
+        raise InputError(path, "file", f"expected a readable file ({e.strerror})") from None
+    return (compression.decompressed_copy(path, tmpdir), True) if compressed else (path, False)
