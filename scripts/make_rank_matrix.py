@@ -85,10 +85,10 @@ def _busy_python(ms: float) -> int:
 class SyntheticBatches:
     """A map-style dataset of whole batches (DataLoader batch_size=None), a few distinct ones reused."""
 
-    def __init__(self, torch, host_ms: float, distinct: int = 4, length: int = 10**6):
+    def __init__(self, torch, host_ms: float, distinct: int = 4, length: int = 10**6, width=WIDTH, batch=BATCH):
         gen = torch.Generator().manual_seed(1234)
         self.batches = [
-            (torch.randn(BATCH, WIDTH, generator=gen), torch.randn(BATCH, WIDTH, generator=gen))
+            (torch.randn(batch, width, generator=gen), torch.randn(batch, width, generator=gen))
             for _ in range(distinct)
         ]
         self.host_ms, self.length = host_ms, length
