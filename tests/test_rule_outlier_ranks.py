@@ -138,3 +138,18 @@ def test_pipeline_stages_that_differ_as_groups_name_no_rank(loaded):
     con = loaded(corpus(GPT3))
     assert con.execute("SELECT count(*) FROM rank_components WHERE source = 'cluster summary'").fetchone()[0] == 16
     assert run_rules(con, ["R002"])[0] == []
+
+
+def test_the_cluster_path_gives_the_same_findings_from_a_cluster_summary():
+    """The profiler's cluster summary travels to the reducer (cluster_step_components), so the map/reduce
+    path finds what one database finds, with the same ids."""
+    import tracekit
+
+    with tracekit.open(corpus(CLUSTER_DB)) as trace:
+        expected = [f.as_dict() for f in trace.analysis(["R002"]).findings]
+    job = tracekit.analyze_job([corpus(CLUSTER_DB), corpus(GPT3)], rules=["R002"], chunk_size=1)
+    assert job.missing == []
+    found = [r for r in job.records if r["rule"] == "R002"]
+    assert sorted((r["id"], r["locality"]["rank"]) for r in found) == sorted(
+        (f["id"], f["locality"]["rank"]) for f in expected
+    )
