@@ -316,7 +316,6 @@ class _Db:
             # and every rank of a data-parallel group sees the same ones, so its folders form one job
             self.out.world_size = max(ends) + 1
             self.out.notes["world_size_source"] = "largest rank in the HCCL tasks' links + 1"
-        self.longest_wait: dict = {}
         compute = {r["globalTaskId"] for r in self.select("COMPUTE_TASK_INFO", ["globalTaskId"])}
         ops = self.select("COMMUNICATION_OP", ["connectionId", "opId"])
         self.op_ids = {r["opId"] for r in ops}

@@ -82,7 +82,7 @@ GROUP BY 1 ORDER BY ns DESC, op
 )
 def check(con, params, ctx):
     for run in ctx.runs:
-        if getattr(ctx.workload(run.run_id), "accelerator", None) != "npu":
+        if not ctx.on_npu(run.run_id):
             continue  # only Ascend profilers name a task's core
         for d in rows(con, DEVICES_SQL, {"run_id": run.run_id}):
             if d.aicpu_ns < params["min_ns"] or d.aicpu_ns < params["min_compute_share"] * d.compute_ns:

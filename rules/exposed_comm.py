@@ -146,7 +146,7 @@ def check(con, params, ctx):
         by_overlap = overlap_pct < params["max_overlap_pct"] and comm / window >= params["min_comm_share"]
         if by_share or by_overlap:
             waits = cross.get(d.run_id)
-            if ctx.device_word(d.run_id) == "NPU":  # only HCCL records its waits inside the collective
+            if ctx.on_npu(d.run_id):  # only HCCL records its waits inside the collective
                 waits = _collectives.with_own_waits(con, d.run_id, waits)
             finding = _finding(con, ctx, run, d.device, params, sql_params, waits, kernels, window)
             yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))

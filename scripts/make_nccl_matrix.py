@@ -43,7 +43,7 @@ os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from make_rank_matrix import SyntheticBatches, _median_ms
+from make_rank_matrix import SyntheticBatches, _median_ms, gradient_buckets
 from make_sample_traces import cpu_name, export_gz
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -75,20 +75,7 @@ def _dp_model(torch, device, width: int, depth: int):
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers).to(device)
     params = list(model.parameters())
-    ordered, half, acc, split = params[::-1], sum(p.numel() for p in params) / 2, 0, len(params)
-    for i, p in enumerate(ordered):
-        acc += p.numel()
-        if acc >= half:
-            split = i + 1
-            break
-    buckets = []
-    for bucket in (ordered[:split], ordered[split:]):
-        flat = torch.zeros(sum(p.numel() for p in bucket), device=device)
-        offset = 0
-        for p in bucket:  # gradients as views into their bucket (DDP's gradient_as_bucket_view)
-            p.grad = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
-        buckets.append(flat)
+    buckets = gradient_buckets(torch, params, device)
     return model, params, buckets
 
 

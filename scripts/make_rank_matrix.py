@@ -111,6 +111,28 @@ def _median_ms(fn, repeats: int = 7) -> float:
     return statistics.median(times)
 
 
+def gradient_buckets(torch, params, device=None) -> list:
+    """Two flat buckets of about equal size, the last layers' gradients first (they are ready first),
+    each parameter's gradient a view into its bucket, as DDP's gradient_as_bucket_view makes them:
+    backward accumulates into the bucket, which is all-reduced in place."""
+    ordered = params[::-1]
+    half, acc, split = sum(p.numel() for p in params) / 2, 0, len(ordered)
+    for i, p in enumerate(ordered):
+        acc += p.numel()
+        if acc >= half:
+            split = i + 1
+            break
+    buckets = []
+    for bucket in (ordered[:split], ordered[split:]):
+        flat = torch.zeros(sum(p.numel() for p in bucket), device=device)
+        offset = 0
+        for p in bucket:
+            p.grad = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        buckets.append(flat)
+    return buckets
+
+
 def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) -> None:
     import torch
     import torch.distributed as dist
@@ -134,24 +156,7 @@ def _rank_main(rank: int, cell: dict, port: int, out_dir: str, meta_dir: str) ->
             layers.append(torch.nn.ReLU())
     model = torch.nn.Sequential(*layers)
     params = list(model.parameters())
-    # two buckets of about equal size, the last layers' gradients first (they are ready first)
-    ordered = params[::-1]
-    half, acc, split = sum(p.numel() for p in params) / 2, 0, len(ordered)
-    for i, p in enumerate(ordered):
-        acc += p.numel()
-        if acc >= half:
-            split = i + 1
-            break
-    buckets = []
-    for bucket in (ordered[:split], ordered[split:]):
-        # the gradients are views into their bucket, as DDP's gradient_as_bucket_view makes them:
-        # backward accumulates into the bucket, which is all-reduced in place
-        flat = torch.zeros(sum(p.numel() for p in bucket))
-        offset = 0
-        for p in bucket:
-            p.grad = flat[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
-        buckets.append(flat)
+    buckets = gradient_buckets(torch, params)
     optimizer = torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
     host_ms = cell.get("host_ms", 0.0) if slow else 0.0
     loader = iter(torch.utils.data.DataLoader(SyntheticBatches(torch, host_ms), batch_size=None))

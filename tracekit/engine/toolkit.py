@@ -95,9 +95,13 @@ class Context:
         found, row_type = self._workloads
         return found.get(run_id) or row_type._make([run_id] + [None] * (len(row_type._fields) - 1))
 
+    def on_npu(self, run_id: int) -> bool:
+        """Whether the run profiled an Ascend NPU (`workload_context.accelerator`)."""
+        return getattr(self.workload(run_id), "accelerator", None) == "npu"
+
     def device_word(self, run_id: int) -> str:
         """What the run's accelerator is called in a finding's text: `NPU` on Ascend, else `GPU`."""
-        return "NPU" if getattr(self.workload(run_id), "accelerator", None) == "npu" else "GPU"
+        return "NPU" if self.on_npu(run_id) else "GPU"
 
     @functools.cached_property
     def _flagged_checks(self) -> tuple[list, str | None]:
