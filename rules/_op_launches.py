@@ -22,12 +22,17 @@ WITH RECURSIVE calls AS (
     SELECT runtime_event_id, any_value(runtime_name) AS runtime_name, any_value(external_id) AS external_id,
            count(*) AS gpu_work
     FROM first_launches WHERE run_id = $run_id GROUP BY runtime_event_id
+), op_names AS MATERIALIZED (
+    -- the name tests once per distinct op name, not once per op call
+    SELECT name, name_key(name) AS key, name NOT LIKE 'ProfilerStep#%' AS is_op,
+           regexp_matches(name, '^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_]')
+           AND NOT list_contains(string_split($framework_namespaces, ','), split_part(name, '::', 1)) AS is_library
+    FROM (SELECT DISTINCT name FROM event_rows WHERE run_id = $run_id AND kind = 'cpu_op')
 ), nodes AS MATERIALIZED (
     -- the host call tree of this run, read once: every step of the walk below joins this, not event_rows
-    SELECT rowid AS id, parent_id, kind = 'cpu_op' AND name NOT LIKE 'ProfilerStep#%' AS is_op,
-           kind = 'cpu_op' AND regexp_matches(name, '^[A-Za-z_][A-Za-z0-9_]*::[A-Za-z_]')
-           AND NOT list_contains(string_split($framework_namespaces, ','), split_part(name, '::', 1)) AS is_library
-    FROM event_rows WHERE run_id = $run_id AND ph = 'X' AND pid IS NOT NULL AND kind NOT IN (
+    SELECT e.rowid AS id, e.parent_id, coalesce(n.is_op, false) AS is_op, coalesce(n.is_library, false) AS is_library
+    FROM event_rows e LEFT JOIN op_names n ON e.kind = 'cpu_op' AND n.name = e.name
+    WHERE e.run_id = $run_id AND e.ph = 'X' AND e.pid IS NOT NULL AND e.kind NOT IN (
         'kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation', 'python_function')
 ), has_library AS (
     SELECT count(*) > 0 AS any_library FROM nodes WHERE is_library
@@ -80,16 +85,17 @@ WITH RECURSIVE calls AS (
     FROM scalar_counts GROUP BY op_id, call_type
     HAVING count(*) > 1 OR bool_or(opaque)
 ), grouped AS (
-SELECT w.op_id, name_key(o.name) AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
-       name_key(i.name) AS inner_op, i.input_dims AS inner_shapes, min(i.ts_ns) - o.ts_ns AS inner_offset_ns,
+SELECT w.op_id, any_value(ok.key) AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
+       any_value(ik.key) AS inner_op, i.input_dims AS inner_shapes, min(i.ts_ns) - o.ts_ns AS inner_offset_ns,
        k.name AS kernel, k.grid, k.block, k.shared_memory, k.registers_per_thread, k.device, k.stream,
        -- one repeat site: the scope op and its input shapes, the inner op call, the kernel and its configuration
-       hash(name_key(o.name), o.input_dims, name_key(i.name), i.input_dims, CAST(i.args->'Input Strides' AS VARCHAR),
+       hash(any_value(ok.key), o.input_dims, any_value(ik.key), i.input_dims, CAST(i.args->'Input Strides' AS VARCHAR),
             i.input_types, i.concrete_inputs, k.name, k.grid, k.block, k.shared_memory, k.registers_per_thread) AS site,
        count(*) AS launches, sum(k.dur_ns) AS kernel_ns, sum(k.dur_ns) - max(k.dur_ns) AS repeat_ns,
        any_value(occurrence.op_gpu_ns) AS op_gpu_ns, list(k.event_id ORDER BY k.ts_ns) AS kernel_ids
 FROM work w JOIN kernels k ON k.event_id = w.gpu_event_id
 JOIN cpu_ops o ON o.event_id = w.op_id JOIN cpu_ops i ON i.event_id = w.inner_id
+JOIN op_names ok ON ok.name = o.name JOIN op_names ik ON ik.name = i.name
 JOIN occurrence ON occurrence.op_id = w.op_id
 WHERE coalesce(k.graph_id, 0) = 0
 GROUP BY w.op_id, o.name, o.input_dims, o.pid, o.tid, o.ts_ns, i.name, i.input_dims, i.args->'Input Strides',

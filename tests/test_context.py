@@ -102,3 +102,26 @@ def test_torchrec_input_dist_copies_get_the_pipeline(loaded):
     assert "TrainPipelineSparseDist" in text
     # the same copy elsewhere in the step is a plain pinned-memory fix
     assert "TrainPipelineSparseDist" not in advice.blocking_call(torchrec, "pageable async memcpy", "aten::copy_").text
+
+
+class _FailingContextQuery:
+    """A connection whose workload_context query fails the way an out-of-memory error would."""
+
+    def __init__(self, con):
+        self._con = con
+
+    def execute(self, sql, *args):
+        import duckdb
+
+        if sql.strip() == "SELECT * FROM workload_context":
+            raise duckdb.OutOfMemoryException("out of memory")
+        return self._con.execute(sql, *args)
+
+
+def test_a_failed_context_query_leaves_every_column_unknown(loaded):
+    con = loaded(sample("gpu_prefill_decode_eager.json.gz"))
+    columns = [d[0] for d in con.execute("SELECT * FROM workload_context LIMIT 0").description]
+    unknown = Context(_FailingContextQuery(con)).workload(1)
+    assert list(unknown._fields) == columns
+    assert unknown.run_id == 1 and all(getattr(unknown, c) is None for c in columns[1:])
+    assert Context(con).workload(1).workload == "inference"

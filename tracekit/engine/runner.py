@@ -11,16 +11,19 @@ from tracekit.engine.toolkit import Context
 from tracekit.findings.model import Finding
 
 
-def missing_inputs(con, rule: Rule) -> list[str]:
-    """Required relations that are absent or empty (e.g. `kernels` in a CPU-only trace)."""
-    missing = []
+def missing_inputs(con, rule: Rule, known: dict[str, str | None] | None = None) -> list[str]:
+    """Required relations that are absent or empty (e.g. `kernels` in a CPU-only trace). `known`, when
+    given, keeps each relation's answer for the next rule of the same analysis: most rules require
+    `kernels` or `gpu_activities`, and each probe plans the view again."""
+    known = {} if known is None else known
     for rel in rule.requires:
-        try:
-            if not con.execute(f"SELECT EXISTS (SELECT 1 FROM {rel})").fetchone()[0]:
-                missing.append(f"{rel} (no rows)")
-        except Exception:
-            missing.append(f"{rel} (absent)")
-    return missing
+        if rel not in known:
+            try:
+                found = con.execute(f"SELECT EXISTS (SELECT 1 FROM {rel})").fetchone()[0]
+                known[rel] = None if found else f"{rel} (no rows)"
+            except Exception:
+                known[rel] = f"{rel} (absent)"
+    return [known[rel] for rel in rule.requires if known[rel] is not None]
 
 
 SHARED = "shared views"  # the keys of `timings` that are no rule code
@@ -54,19 +57,20 @@ def _run(con, rules: list[Rule], params: dict[str, dict], timings: dict[str, flo
     started = time.perf_counter()
     notes: list[DataQuality] = quality.notes(ctx) if any(r.scope == "run" for r in rules) else []
     timings[QUALITY] = time.perf_counter() - started
+    present: dict[str, str | None] = {}
     for rule in rules:
         started = time.perf_counter()
         try:
-            _run_one(con, rule, params, ctx, findings, notes)
+            _run_one(con, rule, params, ctx, findings, notes, present)
         finally:
             timings[rule.code] = time.perf_counter() - started
     return findings, notes
 
 
-def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, findings: list, notes: list) -> None:
+def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, findings: list, notes: list, present) -> None:
     import duckdb
 
-    missing = missing_inputs(con, rule)
+    missing = missing_inputs(con, rule, present)
     if missing:
         notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
         return

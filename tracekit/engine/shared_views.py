@@ -21,10 +21,12 @@ import contextlib
 
 # in dependency order: each one reads the tables made before it
 SHARED_VIEWS = (
+    "kernel_names",
     "launches",
     "first_launches",
     "gpu_busy_layers",
     "main_device",
+    "step_candidates",
     "step_windows",
     "step_phases",
     "run_phases",

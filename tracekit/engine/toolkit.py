@@ -81,12 +81,21 @@ class Context:
     def _workloads(self) -> tuple[dict, type]:
         import duckdb
 
-        cur = self.con.execute("SELECT * FROM workload_context LIMIT 0")
-        row_type = _row_type(tuple(d[0] for d in cur.description))
+        # one statement: planning the view costs about as much as a LIMIT 0 probe for its columns would
         try:
-            found = self.con.execute("SELECT * FROM workload_context").fetchall()
+            cur = self.con.execute("SELECT * FROM workload_context")
+            columns, found = tuple(d[0] for d in cur.description), cur.fetchall()
         except duckdb.Error:  # e.g. out of memory: advice then falls back to what fits any workload
+            columns = tuple(
+                r[0]
+                for r in self.con.execute(
+                    "SELECT column_name FROM duckdb_columns() WHERE database_name = current_database() "
+                    "AND schema_name = 'main' "
+                    "AND table_name = 'workload_context' ORDER BY column_index"
+                ).fetchall()
+            )
             found = []
+        row_type = _row_type(columns)
         return {r[0]: row_type._make(r) for r in found}, row_type
 
     def workload(self, run_id: int):

@@ -2,6 +2,29 @@
 -- was busy. Busy time is written once here (the union of activity intervals, `gpu_busy_layers`);
 -- everything that needs busy or idle time over a window reads it through `gpu_busy_between`.
 
+-- One row per distinct kernel name, with the classes read from the name alone. The name patterns
+-- are the costly part of the `kernels` view (about 20 substring and regular-expression tests on names
+-- that average 200+ characters); a trace has tens to a few thousand distinct kernel names against
+-- tens of thousands to millions of kernels, so they run here once per name and `kernels` joins the
+-- result. While rules run this view is one of the tables computed once (tracekit/engine/shared_views.py).
+CREATE OR REPLACE VIEW kernel_names(
+    -- kernel name as written
+    name,
+    -- see `kernels.is_communication`
+    is_communication
+) AS
+SELECT name,
+       (name ILIKE 'nccl%' OR name ILIKE '%nccl%Kernel%' OR name ILIKE 'rccl%' OR name ILIKE 'msccl%'
+        OR name ILIKE '%cross_device_reduce%' OR name ILIKE '%custom_all_reduce%'
+        OR name ILIKE '%multimem_all_reduce%' OR name ILIKE '%multimem_one_shot%' OR name ILIKE '%multimem_all_gather%'
+        OR name ILIKE '%one_shot_all_reduce%' OR name ILIKE '%two_shot_all_reduce%'
+        OR name LIKE '%oneShotAllReduce%' OR name LIKE '%twoShotAllReduce%'
+        OR name LIKE '%deep_ep::%dispatch%' OR name LIKE '%deep_ep::%combine%'
+        OR name LIKE '%allreduce_fusion_kernel%' OR name ILIKE '%nvshmem%' OR name ILIKE '%mscclpp%'
+        OR name LIKE '%userbuffers_%' OR starts_with(name, 'hcom_') OR name ILIKE 'hccl%'
+        OR regexp_matches(name, '(^|/)(AllReduce|AllGather|ReduceScatter|Broadcast|AlltoAll|AllToAll|Send|Receive)-op[0-9]+'))
+FROM (SELECT DISTINCT name FROM event_rows WHERE kind = 'kernel');
+
 -- Kernels, with their launch configuration and whether they communicate.
 CREATE OR REPLACE VIEW kernels(
     -- the event
@@ -57,25 +80,18 @@ CREATE OR REPLACE VIEW kernels(
 ) AS
 -- the launch configuration in one pass over the args (one `->>` per key parses the JSON once per key:
 -- 2.5x the cost on a 1 GB trace)
-SELECT event_id, run_id, name, ts_ns, dur_ns, end_ns, device, stream, correlation, external_id,
+SELECT event_id, run_id, k.name, ts_ns, dur_ns, end_ns, device, stream, correlation, external_id,
        _launch[1], _launch[2], TRY_CAST(_launch[3] AS INTEGER), TRY_CAST(_launch[4] AS BIGINT),
        TRY_CAST(_launch[5] AS DOUBLE), TRY_CAST(_launch[6] AS DOUBLE), TRY_CAST(_launch[7] AS DOUBLE),
        TRY_CAST(_launch[8] AS BIGINT),
-       (name ILIKE 'nccl%' OR name ILIKE '%nccl%Kernel%' OR name ILIKE 'rccl%' OR name ILIKE 'msccl%'
-        OR name ILIKE '%cross_device_reduce%' OR name ILIKE '%custom_all_reduce%'
-        OR name ILIKE '%multimem_all_reduce%' OR name ILIKE '%multimem_one_shot%' OR name ILIKE '%multimem_all_gather%'
-        OR name ILIKE '%one_shot_all_reduce%' OR name ILIKE '%two_shot_all_reduce%'
-        OR name LIKE '%oneShotAllReduce%' OR name LIKE '%twoShotAllReduce%'
-        OR name LIKE '%deep_ep::%dispatch%' OR name LIKE '%deep_ep::%combine%'
-        OR name LIKE '%allreduce_fusion_kernel%' OR name ILIKE '%nvshmem%' OR name ILIKE '%mscclpp%'
-        OR name LIKE '%userbuffers_%' OR starts_with(name, 'hcom_') OR name ILIKE 'hccl%'
-        OR regexp_matches(name, '(^|/)(AllReduce|AllGather|ReduceScatter|Broadcast|AlltoAll|AllToAll|Send|Receive)-op[0-9]+')),
+       n.is_communication,
        coalesce(_launch[9], _launch[10], _launch[11]),
        args
 FROM (SELECT *, json_extract_string(args, ['grid', 'block', 'registers per thread', 'shared memory', 'blocks per SM',
                                            'warps per SM', 'est. achieved occupancy %', 'graph id',
                                            'accelerator core', 'Accelerator Core', 'Task Type']) AS _launch
-      FROM events WHERE kind = 'kernel');
+      FROM events WHERE kind = 'kernel') k
+LEFT JOIN kernel_names n ON n.name = k.name;
 
 -- Kernels, memcpys and memsets with a duration: the work that makes a device busy.
 CREATE OR REPLACE VIEW gpu_activities(

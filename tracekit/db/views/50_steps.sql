@@ -87,15 +87,9 @@ SELECT p.run_id, p.name, CASE WHEN p.profiler_step THEN 'ProfilerStep#N' ELSE 'm
                                                              p.occurrences DESC, p.name) END
 FROM per_name p LEFT JOIN launched l USING (run_id, name, profiler_step);
 
--- The step windows of every run, delimited by the annotation `step_name` (compared by `name_key`:
--- a trailing `#N` and per-run ids are ignored), or by the step rule when `step_name` is NULL (that
--- is the `step_windows` view). A run without that annotation has no rows; with the rule, a run
--- without a step annotation is one step.
--- Same columns as `step_windows`.
---
--- Cost: one scan of the user annotations and cpu_ops (their name keys), plus one of the
--- top-level host events when a run is one step.
-CREATE OR REPLACE MACRO step_windows_named(step_name) AS TABLE
+-- @internal
+-- The body of `step_windows_named`; `step_windows` reads it with `step_name` NULL.
+CREATE OR REPLACE MACRO step_windows_computed(step_name) AS TABLE
 WITH _chosen AS (
     SELECT run_id, name, source FROM step_candidates WHERE step_name IS NULL AND choice = 1
     UNION ALL
@@ -177,7 +171,22 @@ CREATE OR REPLACE VIEW step_windows(
     depth
 ) AS
 SELECT run_id, step_index, name, annotation, event_id, source, start_ns, end_ns, dur_ns, pid, tid, depth
-FROM step_windows_named(NULL);
+FROM step_windows_computed(NULL);
+
+-- The step windows of every run, delimited by the annotation `step_name` (compared by `name_key`:
+-- a trailing `#N` and per-run ids are ignored), or by the step rule when `step_name` is NULL (that
+-- is the `step_windows` view). A run without that annotation has no rows; with the rule, a run
+-- without a step annotation is one step.
+-- Same columns as `step_windows`.
+--
+-- Cost: one scan of the user annotations and cpu_ops (their name keys), plus one of the
+-- top-level host events when a run is one step; with `step_name` NULL, a read of `step_windows`
+-- (a table while rules run, so the step rule's windows are computed once per analysis).
+CREATE OR REPLACE MACRO step_windows_named(step_name) AS TABLE
+-- the planner drops the branch whose condition is false, a bound parameter included
+SELECT * FROM step_windows WHERE step_name IS NULL
+UNION ALL
+SELECT * FROM step_windows_computed(step_name) WHERE step_name IS NOT NULL;
 
 -- The phase of every step delimited by the annotation `step_name` (a trailing `#N` is ignored), or
 -- by the step rule when `step_name` is NULL: `steps.phase` and `steps.phase_reason` without the time

@@ -113,14 +113,15 @@ WITH host AS (
                AS data_loader_ns
     FROM host GROUP BY run_id
 ), gpu AS (
-    SELECT run_id, count(*) AS kernels,
-           count(*) FILTER (WHERE name LIKE 'triton\_%' ESCAPE '\') AS triton_kernels,
-           count(*) FILTER (WHERE is_communication AND name ILIKE '%allreduce%') AS allreduce_kernels,
+    -- the name patterns once per distinct kernel name
+    SELECT run_id, sum(n) AS kernels,
+           coalesce(sum(n) FILTER (WHERE name LIKE 'triton\_%' ESCAPE '\'), 0) AS triton_kernels,
+           coalesce(sum(n) FILTER (WHERE is_communication AND name ILIKE '%allreduce%'), 0) AS allreduce_kernels,
            -- MindSpore names a graph's kernels by their full scope: `Default/network-.../Conv2D-op8`,
            -- `Gradients/Default/.../gradConv2D/...-op90`
-           count(*) FILTER (WHERE regexp_matches(name, '^(Default|Gradients)/.*-op[0-9]+')) AS mindspore_kernels,
-           count(*) FILTER (WHERE starts_with(name, 'Gradients/')) AS mindspore_gradients
-    FROM kernels GROUP BY run_id
+           coalesce(sum(n) FILTER (WHERE regexp_matches(name, '^(Default|Gradients)/.*-op[0-9]+')), 0) AS mindspore_kernels,
+           coalesce(sum(n) FILTER (WHERE starts_with(name, 'Gradients/')), 0) AS mindspore_gradients
+    FROM (SELECT run_id, name, is_communication, count(*) AS n FROM kernels GROUP BY ALL) GROUP BY run_id
 ), step_count AS (
     SELECT run_id, occurrences AS steps FROM step_candidates WHERE choice = 1
 ), ddp_forwards AS (
