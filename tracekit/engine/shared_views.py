@@ -30,6 +30,7 @@ SHARED_VIEWS = (
     "step_windows",
     "step_phases",
     "run_phases",
+    "run_steady",
 )
 
 
