@@ -53,7 +53,8 @@ def _splits(con, ctx) -> dict[int, RunSplit]:
         out = {
             r.run_id: RunSplit(int(r.window_ns or 0), int(r.steady_ns or 0), bool(r.all_cold))
             for r in rows(
-                con, "SELECT run_id, window_ns, steady_ns, all_cold FROM run_steady"  # a table while rules run
+                con,
+                "SELECT run_id, window_ns, steady_ns, all_cold FROM run_steady",  # a table while rules run
             )
         }
         for w in rows(
