@@ -254,7 +254,7 @@ def test_output_file_quiet_and_verbose(tmp_path):
     assert lines[0] == f"loading {eager.name}"  # ingest's progress messages, one line each
     ingested = [line for line in lines if line.startswith(f"ingested {eager}: ")]
     assert len(ingested) == 1 and " events (0 skipped) in " in ingested[0]
-    assert any(line.startswith("rules: ") for line in lines)
+    assert any(line.startswith("rules and summary: ") for line in lines)
     # where the rule run's time went: the selected rule, the shared views and the quality checks,
     # slowest first, and nothing else
     timed = [line.strip() for line in lines if line.startswith("  ")]

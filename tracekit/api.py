@@ -282,7 +282,7 @@ class Trace:
 
     # ----------------------------------------------------------------------------------- findings
 
-    def analysis(self, rules=None, params=None, scope: str | None = None) -> Analysis:
+    def analysis(self, rules=None, params=None, scope: str | None = None, _then=None) -> Analysis:
         """The findings (Finding objects, ranked) and data-quality notes of this Trace's runs.
 
         `rules`: codes or names, a list or one comma-separated string (default: every rule).
@@ -292,7 +292,7 @@ class Trace:
         reducer of a cluster run does, see tracekit.cluster); default every rule."""
         if scope is not None and scope not in ("run", "job"):
             raise TracekitError(f"scope: run or job, not {scope!r}")
-        full = self._db.analysis(*_request(rules, params), scope=scope)
+        full = self._db.analysis(*_request(rules, params), scope=scope, then=_then)
         everything = set(self._run_ids) >= set(self._db.run_ids())
         return Analysis(
             full.key,
@@ -329,9 +329,13 @@ class Trace:
 
         if max_findings is not None and max_findings < 0:
             raise TracekitError("max_findings must be at least 0")
-        a = self.analysis(rules, params)
+        made: dict = {}
+        # the summary reads busy time and launches too: from the tables the rules compute anyway, when
+        # they run now
+        a = self.analysis(rules, params, _then=lambda: made.update(summary=self.summary()))
+        summary = made["summary"] if "summary" in made else self.summary()
         cap = len(a.findings) if max_findings is None else max_findings
-        return build_report(self._db.con, a.findings, a.notes, self.summary(), max_findings=cap, run_ids=self._run_ids)
+        return build_report(self._db.con, a.findings, a.notes, summary, max_findings=cap, run_ids=self._run_ids)
 
     def feedback(self, budget_tokens: int | None = None, rules=None, params=None, baseline: Trace | None = None,
                  step: str | None = None, llm=None, model: str | None = None) -> dict:  # fmt: skip
@@ -582,7 +586,9 @@ class _Database:
         if not self.read_only:
             self.con.execute("DELETE FROM findings")
 
-    def analysis(self, select, overrides, key, scope: str | None = None) -> Analysis:
+    def analysis(self, select, overrides, key, scope: str | None = None, then=None) -> Analysis:
+        """The analysis of `key`, run now unless it is known; `then`, when the rules run now, is called
+        while their shared tables still exist (see run_rules)."""
         from tracekit.engine.runner import run_rules
         from tracekit.findings.report import rank
 
@@ -590,7 +596,7 @@ class _Database:
             key = f"{key};scope={scope}"
         if key not in self.analyses:
             timings: dict[str, float] = {}
-            findings, notes = run_rules(self.con, select, overrides, scope=scope, timings=timings)
+            findings, notes = run_rules(self.con, select, overrides, scope=scope, timings=timings, then=then)
             self.analyses[key] = Analysis(key, rank(findings), notes, timings)
             if not self.read_only:
                 self._store(key, findings)

@@ -92,11 +92,11 @@ def command(
     client = _llm_client(base_url, api_key_env) if llm else None
     with contextlib.ExitStack() as stack:
         trace = stack.enter_context(open_inputs(traces, db=db_path, rank=rank, metrics=metrics))
-        with timed("rules"):
-            analysis = trace.analysis(rule_keys, overrides)
+        with timed("rules and summary"):
+            report = trace.report_document(rule_keys, overrides, max_findings)
+        analysis = trace.analysis(rule_keys, overrides)  # the report's, kept
         rule_timings(analysis.timings)
         findings = analysis.findings
-        report = trace.report_document(rule_keys, overrides, max_findings)
         base = diff_doc = status_doc = None
         if baselines:
             base = stack.enter_context(open_inputs(

@@ -36,11 +36,13 @@ def run_rules(
     params: dict[str, dict] | None = None,
     scope: str | None = None,
     timings: dict[str, float] | None = None,
+    then=None,
 ):
     """Returns (findings, data_quality notes) from the selected rules (all when select is None), of
     one scope only when `scope` is given ("run" in a cluster worker, "job" in its reducer).
     `timings`, when given, receives the wall seconds of each rule by code, of the shared views
-    (SHARED) and of the data-quality checks (QUALITY)."""
+    (SHARED) and of the data-quality checks (QUALITY). `then`, when given, is called after the rules
+    while the shared views' tables still exist: other queries of the same report read them too."""
     rules = [get_rule(k) for k in select] if select else all_rules()
     if scope is not None:
         rules = [r for r in rules if r.scope == scope]
@@ -48,7 +50,10 @@ def run_rules(
     started = time.perf_counter()
     with computed_once(con):
         timings[SHARED] = time.perf_counter() - started
-        return _run(con, rules, params or {}, timings)
+        out = _run(con, rules, params or {}, timings)
+        if then is not None:
+            then()
+        return out
 
 
 def _run(con, rules: list[Rule], params: dict[str, dict], timings: dict[str, float]):
