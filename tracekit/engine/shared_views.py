@@ -13,6 +13,12 @@ tables, with them, on hta__df_index_resolver 1.30 -> 0.87 s, hta__negative_queue
 `kernels` and `runtime_calls` are left out: copying their JSON args costs about what it saves, and
 on the 1 GB trace 0.35 GB more memory. `idle_gaps`, `host_blocking` and `steps` gave no measurable
 gain (one reader each, or filtered by run and thread, which a view pushes into its scan).
+`kernel_names` (the name patterns of `kernels.is_communication`, once per distinct name: 49 names for
+19,370 kernels on hta__df_index_resolver) turns each `kernels` read that tests the patterns from about
+45 ms into about 5 ms there; `step_candidates`, `run_steady` and the shared `step_windows` under
+`step_windows_named(NULL)` each save one evaluation of a view that several rules and views read
+(10-30 ms a read, much of it planning: on small traces DuckDB spends more time binding and
+optimising these views than running them). The analyze report's summary runs inside the same block.
 """
 
 from __future__ import annotations
