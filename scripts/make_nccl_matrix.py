@@ -30,21 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-# NVLink multicast stays off on these hosts: a program using it can take their GPUs out of service
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 from make_rank_matrix import SyntheticBatches, _median_ms, gradient_buckets
 from make_sample_traces import cpu_name, export_gz
+from multi_gpu_ranks import join_rank, provenance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "data" / "nccl_matrix"
@@ -96,12 +89,7 @@ def _rank_main(rank: int, world: int, backend: str, cell: dict, port: int, out_d
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     gpu = backend == "nccl"
-    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
-    if gpu:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    device = join_rank(torch, dist, rank, world, backend, port)
     slow = rank == cell["slow_rank"]
     sync = torch.cuda.synchronize if gpu else (lambda: None)
     width, depth, batch = SIZES[device.type]
@@ -258,18 +246,13 @@ def main() -> None:
             metas = [json.loads((Path(meta_dir) / f"rank{r}.json").read_text()) for r in range(world)]
         entries.append(_entry(cell, world, metas))
         print(json.dumps({k: entries[-1][k] for k in ("name", "wall_clock", "size_bytes")}), flush=True)
-    gpu = args.backend == "nccl"
     document = dict(
-        provenance=dict(
-            command="python3 scripts/make_nccl_matrix.py " + " ".join(
+        provenance=provenance(
+            torch, args.backend, world,
+            "python3 scripts/make_nccl_matrix.py " + " ".join(
                 f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("backend", "world", "cells")
                 and v is not None),
-            torch_version=torch.__version__,
-            nccl_version=".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
-            python_version=platform.python_version(),
-            device=(f"{world}x {torch.cuda.get_device_name(0)}" if gpu else f"CPU only: {cpu_name()}"),
-            backend=f"{args.backend}, one process a rank, one host; NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}",
-            date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            cpu_name(),
         ),
         dimensions=["kind", "slow_rank", "injected"],
         cells=entries,

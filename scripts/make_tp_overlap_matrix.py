@@ -25,20 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-# NVLink multicast stays off on these hosts: a program using it can take their GPUs out of service
-os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 from make_sample_traces import cpu_name, export_gz
+from multi_gpu_ranks import join_rank, provenance
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = REPO_ROOT / "tests" / "data" / "tp_overlap_matrix"
@@ -61,12 +54,7 @@ def _rank_main(rank: int, backend: str, size: str, port: int, out_dir: str, meta
     from torch.profiler import ProfilerActivity, profile, record_function
 
     gpu = backend == "nccl"
-    device = torch.device("cuda", rank) if gpu else torch.device("cpu")
-    if gpu:
-        torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(1)
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    device = join_rank(torch, dist, rank, WORLD, backend, port)
     width, tokens = SIZES[device.type][size]
     dtype = torch.bfloat16 if gpu else torch.float32
     torch.manual_seed(rank)
@@ -181,15 +169,11 @@ def main() -> None:
         entries.append(_entry(size, device_type, metas))
         print(json.dumps({k: entries[-1][k] for k in ("name", "mean_step_ms", "overlap_wins")}), flush=True)
     document = dict(
-        provenance=dict(
-            command=f"python3 scripts/make_tp_overlap_matrix.py --backend {args.backend} --sizes {args.sizes}",
-            torch_version=torch.__version__,
-            nccl_version=".".join(map(str, torch.cuda.nccl.version())) if gpu else None,
-            python_version=platform.python_version(),
-            device=(f"{WORLD}x {torch.cuda.get_device_name(0)}" if gpu else f"CPU only: {cpu_name()}"),
-            backend=f"{args.backend}, one process a rank, one host; NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}",
+        provenance=provenance(
+            torch, args.backend, WORLD,
+            f"python3 scripts/make_tp_overlap_matrix.py --backend {args.backend} --sizes {args.sizes}",
+            cpu_name(),
             timing=f"mean of {TIMED} unprofiled steps per schedule after one warm-up; the slower rank's",
-            date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         ),
         dimensions=["size"],
         cells=entries,
