@@ -10,7 +10,6 @@ run's steps on one device form a group.
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 
 from tracekit.engine.phrases import plural, rerun
@@ -255,18 +254,13 @@ def measure_params(run, params) -> dict:
     }
 
 
-# G002 and G003 split one measurement between them: taken once per analysis (one Context) and options,
+# G002 and G003 split one measurement between them: taken once per analysis (ctx.once) and options,
 # over every run at once (a query per run would cost more in planning than in work on many small runs).
-_MEASURED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
 def _measured_groups(con, ctx, run, params) -> list:
     every_run = {**measure_params(run, params), "run_id": None}
-    taken = _MEASURED.setdefault(ctx, {})
-    key = tuple(every_run.items())
-    if key not in taken:
-        taken[key] = rows(con, _phases.in_rule(con, ctx, GROUPS_SQL), every_run)
-    return [g for g in taken[key] if g.run_id == run.run_id]
+    key = ("step groups", *every_run.items())
+    taken = ctx.once(key, lambda: rows(con, _phases.in_rule(con, ctx, GROUPS_SQL), every_run))
+    return [g for g in taken if g.run_id == run.run_id]
 
 
 def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:

@@ -1,5 +1,5 @@
-"""The shared stdlib views computed once per analysis: same findings as reading the views, and nothing
-left behind."""
+"""The stdlib views computed once per analysis: same findings as reading the views, the same on one
+thread as on several, and nothing left behind."""
 
 from __future__ import annotations
 
@@ -7,12 +7,20 @@ import pytest
 
 import tracekit
 from tests.conftest import sample
-from tracekit.engine import shared_views
+from tracekit.engine import runner, shared_views
 from tracekit.engine.runner import run_rules
 
 
-def _temp_tables(con) -> set[str]:
-    return {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+def _temp_views(con) -> set[str]:
+    return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
+
+
+def _shared_catalogs(con) -> set[str]:
+    return {
+        r[0]
+        for r in con.execute("SELECT database_name FROM duckdb_databases()").fetchall()
+        if r[0].startswith("tk_shared_")
+    }
 
 
 def _records(findings) -> list[tuple]:
@@ -30,29 +38,93 @@ def test_findings_are_the_same_as_reading_the_views(name, monkeypatch):
     assert _records(shared) == _records(direct)
 
 
+@pytest.mark.parametrize("name", ["gpu_prefill_decode_eager.json.gz", "gpu_tp2_rank0.json.gz"])
+def test_rules_on_threads_give_what_one_thread_gives_in_the_same_order(name, monkeypatch):
+    with tracekit.open(sample(name)) as trace:
+        con = trace._db.con
+        monkeypatch.setenv("TRACEKIT_RULE_THREADS", "4")
+        threaded, threaded_notes = run_rules(con)
+        monkeypatch.setenv("TRACEKIT_RULE_THREADS", "1")
+        serial, serial_notes = run_rules(con)
+    assert threaded, "the sample gives findings"
+    assert [(f.id, f.rule, f.severity, f.title, f.impact_ns) for f in threaded] == [
+        (f.id, f.rule, f.severity, f.title, f.impact_ns) for f in serial
+    ]
+    assert [(n.rule, n.message) for n in threaded_notes] == [(n.rule, n.message) for n in serial_notes]
+
+
+def test_a_rule_that_raises_on_a_thread_raises_in_the_caller_and_leaves_nothing(monkeypatch):
+    monkeypatch.setenv("TRACEKIT_RULE_THREADS", "3")
+    real = runner._run_one
+
+    def failing(con, rule, *args):
+        if rule.code == "G001":
+            raise RuntimeError("a rule failed")
+        return real(con, rule, *args)
+
+    monkeypatch.setattr(runner, "_run_one", failing)
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        con = trace._db.con
+        before = _temp_views(con)
+        with pytest.raises(RuntimeError, match="a rule failed"):
+            run_rules(con)
+        assert _temp_views(con) == before
+        assert not _shared_catalogs(con)
+
+
+def test_thread_count_follows_the_setting(monkeypatch):
+    monkeypatch.setenv("TRACEKIT_RULE_THREADS", "2")
+    assert runner.rule_threads() == 2
+    monkeypatch.setenv("TRACEKIT_RULE_THREADS", "not a number")
+    assert 1 <= runner.rule_threads() <= runner.MAX_RULE_THREADS
+
+
 def test_tables_shadow_the_views_inside_and_go_afterwards():
     with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
         con = trace._db.con
-        before = _temp_tables(con)
+        before = _temp_views(con)
         live = con.execute("SELECT count(*) FROM launches").fetchone()[0]
-        with shared_views.computed_once(con):
-            inside = _temp_tables(con)
-            assert set(shared_views.SHARED_VIEWS) <= inside
-            # the table answers the view's name, with the view's rows
+        with shared_views.computed_once(con) as shared:
+            assert set(shared_views.SHARED_VIEWS) <= _temp_views(con)
+            assert set(shared.views) == set(shared_views.SHARED_VIEWS)
+            # the name answers from the table, with the view's rows
             assert con.execute("SELECT count(*) FROM launches").fetchone()[0] == live
-            assert con.execute("SELECT count(*) FROM temp.main.launches").fetchone()[0] == live
-        assert _temp_tables(con) == before
+            assert con.execute(f"SELECT count(*) FROM {shared.catalog}.main.launches").fetchone()[0] == live
+            # another connection of the database reads the same tables through its own views
+            cur = shared.cursor()
+            try:
+                assert set(shared_views.SHARED_VIEWS) <= _temp_views(cur)
+                assert cur.execute("SELECT count(*) FROM launches").fetchone()[0] == live
+            finally:
+                cur.close()
+        assert _temp_views(con) == before
+        assert not _shared_catalogs(con)
         assert con.execute("SELECT count(*) FROM launches").fetchone()[0] == live
+
+
+def test_a_cursor_keeps_the_connections_own_settings():
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        con = trace._db.con
+        con.execute("SET asof_loop_join_threshold = 7")
+        with shared_views.computed_once(con) as shared:
+            cur = shared.cursor()
+            try:
+                got = cur.execute("SELECT current_setting('asof_loop_join_threshold')").fetchone()[0]
+            finally:
+                cur.close()
+        assert int(got) == 7
 
 
 def test_a_nested_analysis_keeps_the_outer_tables():
     with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
         con = trace._db.con
-        with shared_views.computed_once(con):
-            with shared_views.computed_once(con):
-                pass
-            assert set(shared_views.SHARED_VIEWS) <= _temp_tables(con)
-        assert not set(shared_views.SHARED_VIEWS) & _temp_tables(con)
+        with shared_views.computed_once(con) as outer:
+            with shared_views.computed_once(con) as inner:
+                assert inner is outer
+            assert set(shared_views.SHARED_VIEWS) <= _temp_views(con)
+            assert _shared_catalogs(con) == {outer.catalog}
+        assert not set(shared_views.SHARED_VIEWS) & _temp_views(con)
+        assert not _shared_catalogs(con)
 
 
 def test_tables_go_when_a_rule_raises():
@@ -60,4 +132,5 @@ def test_tables_go_when_a_rule_raises():
         con = trace._db.con
         with pytest.raises(RuntimeError), shared_views.computed_once(con):
             raise RuntimeError("a rule failed")
-        assert not set(shared_views.SHARED_VIEWS) & _temp_tables(con)
+        assert not set(shared_views.SHARED_VIEWS) & _temp_views(con)
+        assert not _shared_catalogs(con)

@@ -29,6 +29,30 @@ def missing_inputs(con, rule: Rule, known: dict[str, str | None] | None = None) 
 SHARED = "shared views"  # the keys of `timings` that are no rule code
 QUALITY = "data-quality checks"
 
+# Rules run on this many threads, each on its own connection to the database: on small traces most of
+# a rule's time is DuckDB binding and optimising its SQL and Python building the finding, which one
+# thread does while another's query runs. TRACEKIT_RULE_THREADS overrides (1: every rule in turn, on
+# the caller's connection).
+MAX_RULE_THREADS = 4
+
+
+def rule_threads() -> int:
+    """How many threads the rules of one analysis run on: the CPUs this process may use, at most
+    MAX_RULE_THREADS, or TRACEKIT_RULE_THREADS."""
+    import os
+
+    wanted = os.environ.get("TRACEKIT_RULE_THREADS")
+    if wanted:
+        try:
+            return max(1, int(wanted))
+        except ValueError:
+            pass
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, MAX_RULE_THREADS))
+
 
 def run_rules(
     con,
@@ -41,49 +65,103 @@ def run_rules(
     """Returns (findings, data_quality notes) from the selected rules (all when select is None), of
     one scope only when `scope` is given ("run" in a cluster worker, "job" in its reducer).
     `timings`, when given, receives the wall seconds of each rule by code, of the shared views
-    (SHARED) and of the data-quality checks (QUALITY). `then`, when given, is called after the rules
-    while the shared views' tables still exist: other queries of the same report read them too."""
+    (SHARED) and of the data-quality checks (QUALITY); rules on several threads overlap, so the
+    seconds may add up to more than the run took. `then`, when given, is called while the rules run
+    (on the caller's thread and connection) or after them, while the shared views' tables exist:
+    other queries of the same report read them too. Findings and notes come in rule order whatever
+    the threads."""
     rules = [get_rule(k) for k in select] if select else all_rules()
     if scope is not None:
         rules = [r for r in rules if r.scope == scope]
     timings = {} if timings is None else timings
     started = time.perf_counter()
-    with computed_once(con):
+    with computed_once(con) as shared:
         timings[SHARED] = time.perf_counter() - started
-        out = _run(con, rules, params or {}, timings)
+        return _run(con, shared, rules, params or {}, timings, then)
+
+
+def _run(con, shared, rules: list[Rule], params: dict[str, dict], timings: dict[str, float], then):
+    ctx = Context(con)
+    present: dict[str, str | None] = {}
+    tasks = []  # (timing key, work on a connection and a Context -> findings and notes)
+    if any(r.scope == "run" for r in rules):
+        tasks.append((QUALITY, lambda c, x: ([], quality.notes(x))))
+    for rule in rules:
+        tasks.append((rule.code, lambda c, x, rule=rule: _run_one(c, rule, params, x, present)))
+    threads = min(rule_threads(), len(tasks)) if shared.views else 1
+    if threads <= 1:
+        results = [_timed(task, con, ctx, timings) for task in tasks]
         if then is not None:
             then()
-        return out
-
-
-def _run(con, rules: list[Rule], params: dict[str, dict], timings: dict[str, float]):
-    ctx = Context(con)
+    else:
+        results = _on_threads(con, shared, ctx, tasks, threads, timings, then)
     findings: list[Finding] = []
-    started = time.perf_counter()
-    notes: list[DataQuality] = quality.notes(ctx) if any(r.scope == "run" for r in rules) else []
-    timings[QUALITY] = time.perf_counter() - started
-    present: dict[str, str | None] = {}
-    for rule in rules:
-        started = time.perf_counter()
-        try:
-            _run_one(con, rule, params, ctx, findings, notes, present)
-        finally:
-            timings[rule.code] = time.perf_counter() - started
+    notes: list[DataQuality] = []
+    for produced, said in results:
+        findings.extend(produced)
+        notes.extend(said)
     return findings, notes
 
 
-def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, findings: list, notes: list, present) -> None:
+def _timed(task, con, ctx, timings):
+    key, work = task
+    started = time.perf_counter()
+    try:
+        return work(con, ctx)
+    finally:
+        timings[key] = time.perf_counter() - started
+
+
+def _on_threads(con, shared, ctx, tasks, threads: int, timings, then):
+    """Each task's result, in task order, computed by `threads` threads that take the next task as
+    they finish one; `then` runs meanwhile on this thread (whose connection the tasks do not use)."""
+    import threading
+
+    results: list = [None] * len(tasks)
+    failures: list[BaseException] = []
+    taken = iter(range(len(tasks)))
+    lock = threading.Lock()
+    cursors = [shared.cursor() for _ in range(threads)]
+
+    def work(cursor):
+        own = ctx.on(cursor)
+        while not failures:
+            with lock:
+                i = next(taken, None)
+            if i is None:
+                return
+            try:
+                results[i] = _timed(tasks[i], cursor, own, timings)
+            except BaseException as e:  # raised on the caller's thread once every thread stopped
+                failures.append(e)
+                return
+
+    workers = [threading.Thread(target=work, args=(c,), name=f"tracekit-rules-{n}") for n, c in enumerate(cursors)]
+    try:
+        for w in workers:
+            w.start()
+        if then is not None:
+            then()
+    finally:
+        for w in workers:
+            w.join()
+        for c in cursors:
+            c.close()
+    if failures:
+        raise failures[0]
+    return results
+
+
+def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, present) -> tuple[list, list]:
     import duckdb
 
     missing = missing_inputs(con, rule, present)
     if missing:
-        notes.append(DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}"))
-        return
+        return [], [DataQuality(rule.code, f"{rule.name} not run: needs {', '.join(missing)}")]
     values = rule.resolve_params(params.get(rule.code, {}))
     try:
         produced = list(rule.check(con, values, ctx))
     except duckdb.Error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
-        notes.append(DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}"))
-        return
-    for item in produced:
-        (notes if isinstance(item, DataQuality) else findings).append(item)
+        return [], [DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}")]
+    findings = [item for item in produced if not isinstance(item, DataQuality)]
+    return findings, [item for item in produced if isinstance(item, DataQuality)]

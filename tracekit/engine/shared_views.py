@@ -2,10 +2,13 @@
 
 DuckDB inlines a view into every query that reads it, so a view read by ten rules (and by the views
 those rules read) is evaluated ten times: `launches` sits under `first_launches`, `steps`,
-`idle_gaps`, `host_blocking`, `run_phases` and the data-quality checks. While rules run, a
-temporary table of the same name holds each view below; DuckDB resolves a name in the temporary
-schema first, so rules and views read the table without a change and their evidence SQL still names
-the view. The tables go when the analysis ends, so queries after it see the live views.
+`idle_gaps`, `host_blocking`, `run_phases` and the data-quality checks. While rules run, a table in
+an in-memory catalog attached for the analysis holds each view below, and a temporary view of the
+same name reads it; DuckDB resolves a name in the temporary schema first, so rules and views read
+the table without a change and their evidence SQL still names the view. The catalog is visible to
+every connection of the database, so the rules' threads (tracekit.engine.runner) each read it
+through temporary views of their own connection (`Shared.cursor`). The tables go when the analysis
+ends, so queries after it see the live views.
 
 The set is measured, not guessed (single-thread CPU time of the whole rule run): without the
 tables, with them, on hta__df_index_resolver 1.30 -> 0.87 s, hta__negative_queue_length_values_check
@@ -24,6 +27,8 @@ optimising these views than running them). The analyze report's summary runs ins
 from __future__ import annotations
 
 import contextlib
+import itertools
+import threading
 
 # in dependency order: each one reads the tables made before it
 SHARED_VIEWS = (
@@ -39,31 +44,85 @@ SHARED_VIEWS = (
     "run_steady",
 )
 
+_catalog_numbers = itertools.count(1)
+# the analysis in progress on a connection, so that a nested one reuses its tables
+_active: dict[int, Shared] = {}
+_active_lock = threading.Lock()
+
+
+class Shared:
+    """The shared tables of one analysis: which views they hold, in which catalog, and how another
+    connection of the same database reads them."""
+
+    def __init__(self, con, catalog: str | None, views: tuple[str, ...]):
+        self.con = con
+        self.catalog = catalog
+        self.views = views
+        # settings a connection makes for itself (`SET asof_loop_join_threshold`, in
+        # tracekit.db.connection): a new connection starts from the global values
+        self._settings = [
+            (name, value)
+            for name, value in con.execute(
+                "SELECT name, value FROM duckdb_settings() WHERE scope = 'LOCAL' AND value IS NOT NULL"
+            ).fetchall()
+        ]
+
+    def cursor(self):
+        """A new connection to the same database, with this connection's own settings and the shared
+        tables under the views' names. Close it before the analysis ends."""
+        import duckdb
+
+        cur = self.con.cursor()
+        for name, value in self._settings:
+            with contextlib.suppress(duckdb.Error):  # a setting that cannot be set again
+                cur.execute(f"SET {name} = '{str(value).replace(chr(39), chr(39) * 2)}'")
+        for view in self.views:
+            cur.execute(_reader(self.catalog, view))
+        return cur
+
+
+def _reader(catalog: str, view: str) -> str:
+    return f'CREATE OR REPLACE TEMP VIEW "{view}" AS SELECT * FROM "{catalog}".main."{view}"'
+
 
 @contextlib.contextmanager
 def computed_once(con):
-    """Inside the block, each view of SHARED_VIEWS that exists reads a table computed on entry."""
+    """Inside the block, each view of SHARED_VIEWS that exists reads a table computed on entry; yields
+    the Shared handle (a nested block on the same connection yields the outer one's)."""
     import duckdb
 
-    catalog = con.execute("SELECT current_database()").fetchone()[0]
+    with _active_lock:
+        outer = _active.get(id(con))
+    if outer is not None:
+        yield outer
+        return
+    home = con.execute("SELECT current_database()").fetchone()[0]
     present = {
         r[0]
         for r in con.execute(
-            "SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main'", [catalog]
+            "SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main'", [home]
         ).fetchall()
     }
-    shadowed = {r[0] for r in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
-    made = []
+    catalog = f"tk_shared_{next(_catalog_numbers)}"
+    con.execute(f"ATTACH ':memory:' AS {catalog}")
+    made: list[str] = []
     try:
         for view in SHARED_VIEWS:
-            if view not in present or view in shadowed:  # a nested analysis reuses the outer one's tables
+            if view not in present:
                 continue
             try:
-                con.execute(f'CREATE TEMP TABLE "{view}" AS SELECT * FROM "{catalog}".main."{view}"')
+                con.execute(f'CREATE TABLE {catalog}.main."{view}" AS SELECT * FROM "{home}".main."{view}"')
             except duckdb.Error:  # e.g. out of memory on a huge trace: the rules read the view instead
                 continue
+            con.execute(_reader(catalog, view))
             made.append(view)
-        yield
+        shared = Shared(con, catalog, tuple(made))
+        with _active_lock:
+            _active[id(con)] = shared
+        yield shared
     finally:
+        with _active_lock:
+            _active.pop(id(con), None)
         for view in reversed(made):
-            con.execute(f'DROP TABLE IF EXISTS temp.main."{view}"')
+            con.execute(f'DROP VIEW IF EXISTS temp.main."{view}"')
+        con.execute(f"DETACH {catalog}")

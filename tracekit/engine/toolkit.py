@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from collections import namedtuple
 from dataclasses import dataclass
 
@@ -65,20 +66,58 @@ def locality(run: RunInfo, **where) -> dict:
     return {**run.locality(), **{k: where[k] for k in LOCALITY_KEYS if k in where}}
 
 
+class _Once:
+    """Values computed once per analysis, whichever of its threads asks first; the others wait for it."""
+
+    def __init__(self):
+        self._values: dict = {}
+        self._lock = threading.Lock()
+        self._key_locks: dict = {}
+
+    def get(self, key, compute):
+        with self._lock:
+            if key in self._values:
+                return self._values[key]
+            key_lock = self._key_locks.setdefault(key, threading.Lock())
+        with key_lock:
+            if key not in self._values:  # a failed computation is not kept: the next asker tries again
+                value = compute()
+                with self._lock:
+                    self._values[key] = value
+            return self._values[key]
+
+
 class Context:
     """What a rule may ask beyond SQL: the runs, their windows, and shared lookups."""
 
-    def __init__(self, con):
+    def __init__(self, con, _of: Context | None = None):
         self.con = con
+        if _of is not None:
+            self.runs, self._once = _of.runs, _of._once
+            return
         self.runs = [
             RunInfo(*r) for r in rows(con, "SELECT run_id, label, rank, start_ns, end_ns FROM runs ORDER BY run_id")
         ]
+        self._once = _Once()
+
+    def on(self, con) -> Context:
+        """The same analysis read through another connection of the database (a rule thread's own):
+        what `once` computed is shared, the SQL runs on `con`."""
+        return Context(con, _of=self)
+
+    def once(self, key, compute):
+        """`compute()` (which may query `self.con`) the first time any Context of this analysis asks
+        for `key`, its value after that: what several rules, or one rule's runs, measure alike."""
+        return self._once.get(key, compute)
 
     def run(self, run_id: int) -> RunInfo:
         return next(r for r in self.runs if r.run_id == run_id)
 
-    @functools.cached_property
+    @property
     def _workloads(self) -> tuple[dict, type]:
+        return self.once("workload_context", self._workload_rows)
+
+    def _workload_rows(self) -> tuple[dict, type]:
         import duckdb
 
         # one statement: planning the view costs about as much as a LIMIT 0 probe for its columns would
@@ -112,11 +151,11 @@ class Context:
         """What the run's accelerator is called in a finding's text: `NPU` on Ascend, else `GPU`."""
         return "NPU" if self.on_npu(run_id) else "GPU"
 
-    @functools.cached_property
+    @property
     def _flagged_checks(self) -> tuple[list, str | None]:
         from tracekit.engine.quality import flagged_checks
 
-        return flagged_checks(self.con)
+        return self.once("data_quality", lambda: flagged_checks(self.con))
 
     def data_quality(self, run_id: int | None = None) -> list:
         """The flagged `data_quality` checks of a run (of every run when run_id is None)."""
@@ -145,9 +184,12 @@ class Context:
     def graph_launches(self, run_id: int) -> int:
         """CUDA graph replays in the run: their kernels share one launch call, which changes what
         per-launch numbers mean."""
-        return self.con.execute(
-            "SELECT count(*) FROM runtime_calls WHERE run_id = ? AND name ILIKE '%GraphLaunch%'", [run_id]
-        ).fetchone()[0]
+        return self.once(
+            ("graph_launches", run_id),
+            lambda: self.con.execute(
+                "SELECT count(*) FROM runtime_calls WHERE run_id = ? AND name ILIKE '%GraphLaunch%'", [run_id]
+            ).fetchone()[0],
+        )
 
     def code_path(self, event_id: int | None, limit: int = 6) -> list[str]:
         """Python frames around an event, innermost first: the frames on its thread that contain it."""
