@@ -134,3 +134,15 @@ def test_tables_go_when_a_rule_raises():
             raise RuntimeError("a rule failed")
         assert not set(shared_views.SHARED_VIEWS) & _temp_views(con)
         assert not _shared_catalogs(con)
+
+
+def test_a_cursor_draws_no_progress_bar():
+    # a rule's long query on a cursor must not print DuckDB's bar on the analyze command's stderr
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        with shared_views.computed_once(trace._db.con) as shared:
+            cur = shared.cursor()
+            try:
+                drawn = cur.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0]
+            finally:
+                cur.close()
+    assert drawn is False or str(drawn).lower() == "false"
