@@ -75,8 +75,17 @@ def test_a_rule_that_raises_on_a_thread_raises_in_the_caller_and_leaves_nothing(
 def test_thread_count_follows_the_setting(monkeypatch):
     monkeypatch.setenv("TRACEKIT_RULE_THREADS", "2")
     assert runner.rule_threads() == 2
+    assert runner.rule_threads(shared_seconds=60.0) == 2  # the setting wins over the trace's size
     monkeypatch.setenv("TRACEKIT_RULE_THREADS", "not a number")
     assert 1 <= runner.rule_threads() <= runner.MAX_RULE_THREADS
+
+
+def test_a_large_trace_runs_its_rules_on_one_thread(monkeypatch):
+    # where the shared views alone took a second, each rule's query fills the cores by itself
+    monkeypatch.delenv("TRACEKIT_RULE_THREADS", raising=False)
+    monkeypatch.setattr(runner.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert runner.rule_threads(shared_seconds=0.2) == 2
+    assert runner.rule_threads(shared_seconds=runner.THREADED_UNTIL_S) == 1
 
 
 def test_tables_shadow_the_views_inside_and_go_afterwards():

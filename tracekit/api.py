@@ -529,7 +529,9 @@ class _Database:
     def relation(self, query: str, params: dict | None = None):
         """A relation on a cursor of its own, so that its pending result never blocks another query;
         the cursor lives as long as the relation (DuckDB 1.x relations do not keep it alive)."""
-        cur = self.con.cursor()
+        from tracekit.db.connection import cursor
+
+        cur = cursor(self.con)
         try:
             rel = cur.sql(query, params=params)
         except BaseException:
@@ -620,7 +622,9 @@ class _Database:
         self.con.execute("DELETE FROM findings WHERE analysis_key = ?", [key])
         if rows:
             # on a cursor of its own: the main connection may hold a rule's pending result
-            cur = self.con.cursor()
+            from tracekit.db.connection import cursor
+
+            cur = cursor(self.con)
             cur.executemany(
                 "INSERT INTO findings (analysis_key, id, rule, name, severity, confidence, title, run_id, rank, "
                 "impact_ns, share_of_window, record) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -667,7 +671,9 @@ class _Database:
     def _append(self, table: str, columns: list[str], relation) -> None:
         reader = getattr(relation, "to_arrow_reader", None) or relation.fetch_arrow_reader
         names = ", ".join(f'"{c}"' for c in columns)
-        cur = self.con.cursor()
+        from tracekit.db.connection import cursor
+
+        cur = cursor(self.con)
         cur.register("tk_copied_rows", reader(100_000))
         cur.execute(f'INSERT INTO "{table}" ({names}) SELECT {names} FROM tk_copied_rows')
         cur.close()

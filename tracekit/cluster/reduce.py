@@ -109,7 +109,9 @@ def job_database(analyzed: list[Analyzed]):
             if not tables:
                 continue
             rows = pa.concat_tables(tables, promote_options="permissive")
-            cur = con.cursor()
+            from tracekit.db.connection import cursor
+
+            cur = cursor(con)
             cur.register("tk_summary_rows", rows)
             if name == "runs":
                 names = ", ".join(f'"{c}"' for c in rows.column_names)

@@ -244,7 +244,9 @@ def _insert_peers(con, collectives, own: list[int]) -> None:
         return
     columns = [d[0] for d in con.execute("SELECT * FROM peer_collectives LIMIT 0").description]
     names = ", ".join(f'"{c}"' for c in columns)
-    cur = con.cursor()
+    from tracekit.db.connection import cursor
+
+    cur = cursor(con)
     try:
         cur.register("tk_peer_rows", collectives)
         cur.execute(f"INSERT INTO peer_collectives ({names}) SELECT {names} FROM tk_peer_rows "
@@ -284,7 +286,9 @@ def _rule_keys(rules) -> list[str]:
 
 def table(con, query: str, params=None):
     """A query's rows as one pyarrow.Table, fetched whole (the connection is free afterwards)."""
-    cur = con.cursor()
+    from tracekit.db.connection import cursor
+
+    cur = cursor(con)
     try:
         rel = cur.sql(query, params=params)
         fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # DuckDB 2.x / 1.x (a Table there)

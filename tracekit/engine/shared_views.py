@@ -75,7 +75,9 @@ class Shared:
         tables under the views' names. Close it before the analysis ends."""
         import duckdb
 
-        cur = self.con.cursor()
+        from tracekit.db.connection import cursor
+
+        cur = cursor(self.con)
         for name, value in self._settings:
             with contextlib.suppress(duckdb.Error):  # a setting that cannot be set again
                 cur.execute(f"SET {name} = '{str(value).replace(chr(39), chr(39) * 2)}'")

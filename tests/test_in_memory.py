@@ -1,0 +1,35 @@
+"""An in-memory trace database (tracekit.open without a file) is compressed, and every cursor of it
+reads the trace's tables."""
+
+from __future__ import annotations
+
+import tracekit
+from tests.conftest import sample
+from tracekit.db import connection
+
+
+def test_an_in_memory_trace_is_stored_compressed():
+    # DuckDB's default in-memory database keeps columns uncompressed (2.3x the memory on the 1 GB
+    # trace, which then spills past the memory limit); the trace lives in one attached with COMPRESS
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        con = trace._db.con
+        home, options = con.execute(
+            "SELECT database_name, options FROM duckdb_databases() WHERE database_name = current_database()"
+        ).fetchone()
+        assert home == connection.IN_MEMORY
+        assert str(options.get("compress")).lower() == "true"
+        assert con.execute("SELECT count(*) FROM tracekit.main.event_rows").fetchone()[0] > 0
+
+
+def test_a_cursor_reads_the_trace_not_the_empty_default_database():
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        con = trace._db.con
+        cur = connection.cursor(con)
+        try:
+            assert cur.execute("SELECT current_database()").fetchone()[0] == connection.IN_MEMORY
+            count = cur.execute("SELECT count(*) FROM kernels").fetchone()[0]
+        finally:
+            cur.close()
+        assert count == con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+        # relations of the Python API run on such cursors
+        assert trace.sql("SELECT count(*) AS n FROM kernels").fetchall()[0][0] == count
