@@ -13,8 +13,10 @@ import datetime
 import gzip
 import os
 import platform
+import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,17 +35,28 @@ HTA_VENV = os.path.join(HERE, ".venv-hta")
 HTA_PY = os.path.join(HTA_VENV, "bin", "python")
 HTA_PIN = "holistictraceanalysis==0.5.0"
 
+# Every Kineto trace of TARGET_MIN_MB or more in ../shared/corpus and sample_traces (the speed target's
+# set), and the largest one under it.
 FILES = [
     "hta__df_index_resolver.json.gz",
+    "kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
     "hta__trace_diff__control.json.gz",
     "hta__trace_diff__test.json.gz",
+    "kineto__resnet50_num_workers_0__worker0.pt.trace.json.gz",
     "hta__negative_queue_length_values_check__rank0.json.gz",
+    "kineto__resnet50_autograd_api_num_workers_4__worker0.pt.trace.json.gz",
     "hta__ns_resolution_trace__rank-0.Apr_03_18_51_38.1102.pt.trace.json.gz",
+    "hta__nccl_parser_config__nccl_data.json.gz",
     "hta__mtia_inference_trace__mtia_inference_rank_0.json.gz",
-    "kineto__resnet50_num_workers_0__worker0.1623143089861.pt.trace.json.gz",
-    # the project's own with_stack trace (scripts/make_with_stack_trace.py): 41% of its events are Python frames
+    # the project's own: with_stack (scripts/make_with_stack_trace.py: 41% of its events are Python
+    # frames), eager decode, and the GIL matrix's release twin
     os.path.join(ROOT, "sample_traces", "with_stack_decode.json.gz"),
+    os.path.join(ROOT, "sample_traces", "gpu_prefill_decode_eager.json.gz"),
+    os.path.join(ROOT, "sample_traces", "gil_release.json.gz"),
 ]
+# the start-up target's "1 MB trace" (0.78 MB of JSON)
+SMALL_TRACE = os.path.join(ROOT, "sample_traces", "repeated_rope_cache.json.gz")
+STARTUP_RUNS = 5  # start-up figures are the median of this many fresh processes
 BIG_LABEL = "big_1gb (df_index_resolver x19)"
 
 HTA_CODE = (
@@ -62,10 +75,18 @@ JSON_CODE = (
 # Column order of every table: (key, header).
 TOOLS = [("ingest", "tracekit ingest"), ("analyze", "tracekit analyze"), ("hta", "HTA load"), ("json", "json.load")]
 
-TARGET_SPEEDUP = 5.0  # HTA time / tracekit ingest time, every file
-TARGET_MBPS = 200.0  # raw JSON MB/s for tracekit ingest, 1 GB trace
+# The targets of the speed issue, on 2 cores (`--cores`).
+TARGET_SPEEDUP = 5.0  # HTA load time / tracekit ingest time, every Kineto trace of TARGET_MIN_MB or more
+TARGET_MIN_MB = 5.0
+TARGET_MBPS_MEMORY = 300.0  # raw JSON MB/s into an in-memory database, 1 GB trace
+TARGET_MBPS = 200.0  # raw JSON MB/s into a database file (`tracekit ingest --db`), 1 GB trace
 TARGET_RSS_RATIO = 1.5  # tracekit ingest peak RSS / raw size, 1 GB trace
-TARGET_ANALYZE_S = 15.0  # tracekit analyze wall time, 1 GB trace
+TARGET_ANALYZE_S = 10.0  # tracekit analyze wall time, 1 GB trace
+TARGET_RULE_SHARE = 0.10  # no rule's wall time above this share of analyze time, 1 GB trace
+TARGET_HELP_S = 0.15  # `tracekit --help`
+TARGET_SMALL_INGEST_S = 0.3  # a fresh `tracekit ingest` of SMALL_TRACE, end to end
+
+MEMORY_INGEST_CODE = "import sys, tracekit\ntracekit.open(sys.argv[1]).close()\n"
 
 
 class Result:
@@ -143,7 +164,7 @@ def resolve(name):
     sys.exit(f"no such trace: {name} (looked in {CORPUS})")
 
 
-def run_file(path, args, hta_error):
+def run_file(path, args, hta_error, big=False):
     res = {}
     if os.path.exists(TRACEKIT):
         tmp = tempfile.mkdtemp(prefix="tracekit-bench-")
@@ -154,6 +175,9 @@ def run_file(path, args, hta_error):
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         res["analyze"] = measure([TRACEKIT, "analyze", path, "--format", "json"], args.cores, args.timeout)
+        if big:  # the targets of the 1 GB trace: ingest into memory, and each rule's share of analyze
+            res["memory"] = measure([PROJECT_PY, "-c", MEMORY_INGEST_CODE, path], args.cores, args.timeout)
+            res["rules"] = rule_times(path, args)
     else:
         res["ingest"] = res["analyze"] = Result(error="tracekit not installed")
     res["hta"] = (
@@ -161,6 +185,48 @@ def run_file(path, args, hta_error):
     )
     res["json"] = measure([sys.executable, "-c", JSON_CODE, path], args.cores, args.timeout)
     return res
+
+
+_TIMING = re.compile(r"^  (?P<what>\S.*?): (?P<value>[\d.]+) (?P<unit>s|ms|us) \(\d+%\)$")
+
+
+def rule_times(path, args) -> list[tuple[str, float]]:
+    """(rule or stage, wall seconds) from `tracekit analyze -v` (its stage timings on stderr), largest
+    first; a run of its own, after the timed one."""
+    cpus = sorted(os.sched_getaffinity(0))[: args.cores]
+    done = subprocess.run(
+        [TRACEKIT, "analyze", path, "--format", "json", "-o", os.devnull, "-v"],
+        capture_output=True,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+        timeout=args.timeout,
+    )
+    scale = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+    times = []
+    for line in done.stderr.splitlines():
+        m = _TIMING.match(line)
+        if m:
+            times.append((m["what"], float(m["value"]) * scale[m["unit"]]))
+    return sorted(times, key=lambda t: -t[1])
+
+
+def startup(args) -> dict[str, Result]:
+    """Median of STARTUP_RUNS fresh processes each: `tracekit --help`, and `tracekit ingest` of
+    SMALL_TRACE into a new database file."""
+    out = {}
+    tmp = tempfile.mkdtemp(prefix="tracekit-bench-")
+    try:
+
+        def ingest_small(n):
+            return [TRACEKIT, "ingest", SMALL_TRACE, "--db", os.path.join(tmp, f"s{n}.duckdb")]
+
+        for key, command in (("help", lambda n: [TRACEKIT, "--help"]), ("small_ingest", ingest_small)):
+            runs = [measure(command(n), args.cores, args.timeout) for n in range(STARTUP_RUNS)]
+            failed = next((r for r in runs if r.error), None)
+            out[key] = failed or Result(statistics.median(r.wall for r in runs), max(r.rss for r in runs))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 def venv_query(py, code):
@@ -209,7 +275,7 @@ def ratio(a, b):
     return f"{a / b:.1f}x" if a is not None and b else "n/a"
 
 
-def report(rows, info, args):
+def report(rows, info, args, started):
     """rows: [(label, raw bytes, {tool: Result})] -> markdown text."""
     heads = [h for _, h in TOOLS]
     out = [
@@ -254,23 +320,37 @@ def report(rows, info, args):
             + " |"
         )
 
-    out += ["", "## Targets", ""] + targets(rows, args) + [""]
+    out += [""] + rule_table(rows) + startup_table(started)
+    out += ["## Targets", ""] + targets(rows, args, started) + [""]
     return "\n".join(out)
 
 
-def targets(rows, args):
+def targets(rows, args, started):
+    """One line per target of the speed issue, each met, NOT met or not measured, with the figure."""
+
     def verdict(ok):
         return "n/a" if ok is None else ("**met**" if ok else "**NOT met**")
 
     lines = []
     speed = [
         (label, res["hta"].wall / res["ingest"].wall)
-        for label, _, res in rows
-        if res["ingest"].wall and res["hta"].wall
+        for label, size, res in rows
+        if res["ingest"].wall and res["hta"].wall and size >= TARGET_MIN_MB * 1e6
     ]
     ok = min(s for _, s in speed) >= TARGET_SPEEDUP if speed else None
     detail = ", ".join(f"{label}: {s:.1f}x" for label, s in speed) or "not measured"
-    lines.append(f"- ingest >= {TARGET_SPEEDUP:.0f}x faster than HTA load on every file: {verdict(ok)} ({detail})")
+    lines.append(
+        f"- ingest >= {TARGET_SPEEDUP:.0f}x faster than HTA load on every Kineto trace of {TARGET_MIN_MB:.0f} MB "
+        f"or more: {verdict(ok)} ({detail})"
+    )
+    for key, limit, what in (
+        ("help", TARGET_HELP_S, "`tracekit --help`"),
+        ("small_ingest", TARGET_SMALL_INGEST_S, f"a fresh `tracekit ingest` of {os.path.basename(SMALL_TRACE)}"),
+    ):
+        r = started.get(key)
+        figure = "not measured" if r is None else (r.error or f"{r.wall:.2f} s, median of {STARTUP_RUNS}")
+        ok = None if r is None or r.error else r.wall < limit
+        lines.append(f"- {what} under {limit:g} s: {verdict(ok)} ({figure})")
 
     big = next((res for label, _, res in rows if label == BIG_LABEL), None)
     size = next((s for label, s, _ in rows if label == BIG_LABEL), None)
@@ -278,25 +358,98 @@ def targets(rows, args):
         why = "--skip-big" if args.skip_big else "big trace not run"
         lines += [f"- 1 GB trace targets: not measured ({why})"]
         return lines
+    for key, limit, what in (
+        ("memory", TARGET_MBPS_MEMORY, "into an in-memory database (`tracekit.open`)"),
+        ("ingest", TARGET_MBPS, "into a database file (`tracekit ingest --db`)"),
+    ):
+        r = big.get(key) or Result(error="not measured")
+        mbps = size / 1e6 / r.wall if r.wall else None
+        lines.append(
+            f"- 1 GB trace {what} at >= {limit:.0f} MB/s of raw JSON on {args.cores} cores: "
+            + (f"{verdict(mbps >= limit)} ({mbps:.0f} MB/s, {r.wall:.1f} s)" if mbps else f"n/a ({r.error})")
+        )
     ing, ana = big["ingest"], big["analyze"]
-    mbps = size / 1e6 / ing.wall if ing.wall else None
-    lines.append(
-        f"- ingest >= {TARGET_MBPS:.0f} MB/s of raw JSON on {args.cores} cores (1 GB trace): "
-        + (f"{verdict(mbps >= TARGET_MBPS)} ({mbps:.0f} MB/s)" if mbps else f"n/a ({ing.error})")
-    )
     rr = ing.rss / size if ing.rss else None
     lines.append(
-        f"- ingest peak RSS <= {TARGET_RSS_RATIO}x raw size (1 GB trace): "
+        f"- 1 GB trace ingest peak RSS <= {TARGET_RSS_RATIO}x raw size: "
         + (f"{verdict(rr <= TARGET_RSS_RATIO)} ({rr:.2f}x)" if rr else f"n/a ({ing.error})")
     )
     lines.append(
-        f"- analyze (ingest + all rules) of the 1 GB trace < {TARGET_ANALYZE_S:.0f} s: "
+        f"- `tracekit analyze` (ingest + all rules + report) of the 1 GB trace under {TARGET_ANALYZE_S:.0f} s: "
         + (f"{verdict(ana.wall < TARGET_ANALYZE_S)} ({ana.wall:.1f} s)" if ana.wall else f"n/a ({ana.error})")
     )
+    rules = [(what, t) for what, t in big.get("rules", []) if re.match(r"^[A-Z]\d{3} ", what)]
+    if rules and ana.wall:
+        worst, seconds = rules[0]
+        lines.append(
+            f"- no rule over {TARGET_RULE_SHARE:.0%} of analyze time on the 1 GB trace: "
+            f"{verdict(seconds <= TARGET_RULE_SHARE * ana.wall)} (largest: {worst} {seconds:.2f} s, "
+            f"{seconds / ana.wall:.0%} of {ana.wall:.1f} s)"
+        )
+    else:
+        lines.append(f"- no rule over {TARGET_RULE_SHARE:.0%} of analyze time on the 1 GB trace: n/a (no timings)")
     return lines
 
 
-FORMATS_HEADING = "# Non-Kineto formats"
+def rule_table(rows):
+    """Each rule's and stage's wall time in the 1 GB trace's `analyze -v` run."""
+    big = next((res for label, _, res in rows if label == BIG_LABEL), None)
+    if not big or not big.get("rules"):
+        return []
+    wall = big["analyze"].wall
+    out = [
+        "## Per-rule time on the 1 GB trace",
+        "",
+        "`tracekit analyze -v` (a run of its own after the timed one): each rule's and stage's wall time, and "
+        "its share of the timed analyze run"
+        + (f" ({wall:.1f} s)" if wall else "")
+        + ". Rules taking under 10 ms are summed in the last row.",
+        "",
+        "| rule or stage | seconds | share of analyze |",
+        "|---|---:|---:|",
+    ]
+    small = [(w, t) for w, t in big["rules"] if t < 0.01]
+    for what, t in big["rules"]:
+        if t >= 0.01:
+            out.append(f"| {what} | {t:.2f} | {t / wall:.0%} |" if wall else f"| {what} | {t:.2f} | n/a |")
+    if small:
+        total = sum(t for _, t in small)
+        out.append(f"| {len(small)} others | {total:.2f} | {total / wall:.0%} |" if wall else "")
+    return out + [""]
+
+
+def startup_table(started):
+    if not started:
+        return []
+    out = [
+        f"## Start-up (median of {STARTUP_RUNS} fresh processes)",
+        "",
+        "| command | s | peak RSS MB |",
+        "|---|---:|---:|",
+    ]
+    names = {"help": "tracekit --help", "small_ingest": f"tracekit ingest {os.path.basename(SMALL_TRACE)} --db new"}
+    for key, r in started.items():
+        out.append(
+            f"| {names[key]} | {cell(r, lambda x: f'{x.wall:.2f}')} | {cell(r, lambda x: f'{x.rss / 1e6:.0f}')} |"
+        )
+    return out + [""]
+
+
+# The part of RESULTS.md this script writes; the rest of the file (the other benchmarks and the
+# notes on earlier runs) is kept as it is.
+START, END = "<!-- make bench: start -->", "<!-- make bench: end -->"
+
+
+def write_results(path: str, text: str) -> None:
+    block = f"{START}\n{text.rstrip()}\n{END}\n"
+    previous = open(path).read() if os.path.exists(path) else ""
+    if START in previous and END in previous:
+        head, rest = previous.split(START, 1)
+        new = head + block + rest.split(END, 1)[1].lstrip("\n")
+    else:
+        new = block + ("\n" + previous if previous else "")
+    with open(path, "w") as f:
+        f.write(new)
 
 
 def main():
@@ -324,18 +477,13 @@ def main():
     rows = []
     for label, path in jobs:
         print(f"{label} ...", file=sys.stderr, flush=True)
-        rows.append((label, os.path.getsize(path), run_file(path, args, hta_error)))
+        rows.append((label, os.path.getsize(path), run_file(path, args, hta_error, big=label == BIG_LABEL)))
+    print("start-up ...", file=sys.stderr, flush=True)
+    started = startup(args) if os.path.exists(TRACEKIT) else {}
 
-    text = report(rows, machine_info(args.cores), args)
+    text = report(rows, machine_info(args.cores), args, started)
     print(text)
-    # the non-Kineto section (benchmarks/formats.py, pasted by hand) outlives a re-run of this one
-    kept = ""
-    if os.path.exists(args.out):
-        previous = open(args.out).read()
-        start = previous.find(FORMATS_HEADING)
-        kept = previous[start:] if start >= 0 else ""
-    with open(args.out, "w") as f:
-        f.write(text.rstrip() + "\n\n" + kept if kept else text)
+    write_results(args.out, text)
 
 
 if __name__ == "__main__":
