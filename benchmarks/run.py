@@ -435,17 +435,15 @@ def startup_table(started):
     return out + [""]
 
 
-# The part of RESULTS.md this script writes; the rest of the file (the other benchmarks and the
-# notes on earlier runs) is kept as it is.
-START, END = "<!-- make bench: start -->", "<!-- make bench: end -->"
-
-
-def write_results(path: str, text: str) -> None:
-    block = f"{START}\n{text.rstrip()}\n{END}\n"
+def write_results(path: str, text: str, writer: str = "make bench") -> None:
+    """Put `text` in RESULTS.md between the writer's two markers (at the top the first time): each
+    benchmark rewrites only its own block, and the notes on earlier runs around them stay."""
+    start, end = f"<!-- {writer}: start -->", f"<!-- {writer}: end -->"
+    block = f"{start}\n{text.rstrip()}\n{end}\n"
     previous = open(path).read() if os.path.exists(path) else ""
-    if START in previous and END in previous:
-        head, rest = previous.split(START, 1)
-        new = head + block + rest.split(END, 1)[1].lstrip("\n")
+    if start in previous and end in previous:
+        head, rest = previous.split(start, 1)
+        new = head + block + rest.split(end, 1)[1]
     else:
         new = block + ("\n" + previous if previous else "")
     with open(path, "w") as f:
