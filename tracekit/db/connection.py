@@ -114,8 +114,10 @@ def ensure_schema(con, comments: bool = True) -> None:
 
 
 def _digest(comments: bool) -> str:
-    # the tracekit version is part of it, so that a newer tracekit records itself in tracekit_meta
-    return f"{stdlib.digest()}-{__version__}" + ("" if comments else "-uncommented")
+    # the tracekit and schema versions are part of it, so that a newer tracekit, or a schema version
+    # bumped without a change to the SQL files' text, records itself in tracekit_meta (and a cached
+    # schema template made before the bump is not used)
+    return f"{stdlib.digest()}-{__version__}-{SCHEMA_VERSION}" + ("" if comments else "-uncommented")
 
 
 def _installed_digest(con) -> str | None:
