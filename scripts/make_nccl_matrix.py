@@ -17,6 +17,7 @@ expert parallel tokens routed to experts (one per rank) by all_to_all_single wit
                 sends, the experts' MLP, and the combine back:
   ep_balanced   every expert gets the same share of tokens
   hot_expert    the hot rank's expert gets hot_share of every rank's tokens (the others split the rest)
+  hot_expert_mild  the same with a smaller hot_share
 
     python3 scripts/make_nccl_matrix.py --out-dir tests/data/nccl_matrix     # every cell, one GPU a rank
     python3 scripts/make_nccl_matrix.py --backend gloo --world 4 --cells healthy,slow_compute \\
@@ -56,6 +57,8 @@ CELLS = [
     dict(name="slow_link", kind="slow_link", slow_rank=0, copy_mb=512, nccl_only=True),
     dict(name="ep_balanced", kind="ep_balanced", slow_rank=None),
     dict(name="hot_expert", kind="hot_expert", slow_rank=1, hot_share=0.55),
+    # a milder skew, for the load-imbalance rule's threshold: 1.6x the other experts' tokens at world 4
+    dict(name="hot_expert_mild", kind="hot_expert", slow_rank=2, hot_share=0.35),
 ]
 
 

@@ -5,8 +5,8 @@ would give (runs 1, 2, ... in input order), and the chunks' events on one event-
 concatenates every chunk's `rank_collectives` with those ids: what each chunk is sent as its peers.
 
 Reduce 2 (`job_analysis`, `merge`) builds the reducer database: tracekit's schema with the views
-`rank_collectives`, `rank_steps`, `rank_op_times` and `cluster_step_components` replaced by tables of the same names filled
-from the workers' summaries, and `runs`; every other table of a run is dropped, so a cross-rank
+`rank_collectives`, `rank_steps`, `rank_op_times`, `rank_op_inputs` and `cluster_step_components`
+replaced by tables of the same names filled from the workers' summaries, and `runs`; every other table of a run is dropped, so a cross-rank
 rule can read nothing but the summaries (DuckDB binds a view when it is queried, so
 `collective_arrivals`, `rank_step_waits` and `job_collectives` read the tables). The "job" rules
 run there, whichever exist; their findings and the workers' are ranked together as

@@ -32,7 +32,7 @@ from tracekit.errors import TracekitError
 
 # The summary tables phase 2 sends to the reducer (tracekit/db/views/72_ranks.sql, and a profiler's
 # own cluster summary: 74_cluster.sql), besides `runs`.
-SUMMARIES = ("rank_collectives", "rank_steps", "rank_op_times", "cluster_step_components")
+SUMMARIES = ("rank_collectives", "rank_steps", "rank_op_times", "rank_op_inputs", "cluster_step_components")
 
 
 @dataclass(frozen=True)

@@ -296,6 +296,56 @@ SELECT o.run_id, o.rank, o.layer, o.name, min(o.depth), c.steps, count(*), sum(o
 FROM own o JOIN counted c USING (run_id)
 GROUP BY o.run_id, o.rank, o.layer, o.name, c.steps;
 
+-- Per run that has a rank, how much input each host op took per step, input by input, over the
+-- iterations `rank_op_times` reads (the steady steps; all steps when none is steady): the element
+-- count of each tensor input (the product of its `Input Dims`, as far as record_shapes recorded them)
+-- summed over the op's calls. The same op given more elements on one rank than on its peers is work
+-- the job shares unevenly (tokens routed to one expert, a larger shard); the op's time per step
+-- beside it says what the extra input cost. Inputs of one element or none (scalars, lists) are left out.
+CREATE OR REPLACE VIEW rank_op_inputs(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- `name_key` of the op's name
+    name,
+    -- the input's position among the op's inputs (1 = the first)
+    input_index,
+    -- how many iterations it was measured over
+    steps,
+    -- how many calls of the op started in them with this input recorded
+    calls,
+    -- the input's elements summed over those calls, per iteration
+    elements_per_step,
+    -- the largest shape the input had in one call (`Input Dims` of that call, as text)
+    largest_dims,
+    -- the summed duration of those calls, per iteration
+    per_step_ns
+) AS
+WITH chosen AS (
+    SELECT run_id, rank, start_ns, iteration_end_ns FROM rank_steps
+    QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0
+), counted AS (
+    SELECT run_id, count(*) AS steps FROM chosen GROUP BY run_id
+), calls AS (
+    SELECT e.run_id, s.rank, e.event_id, name_key(e.name) AS name, e.dur_ns,
+           TRY_CAST(e.args->'Input Dims' AS JSON[]) AS dims
+    FROM chosen s JOIN events e ON e.run_id = s.run_id AND e.ts_ns >= s.start_ns AND e.ts_ns < s.iteration_end_ns
+    WHERE e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND (e.args->'Input Dims') IS NOT NULL
+), inputs AS (
+    SELECT run_id, rank, event_id, name, dur_ns, i AS input_index, TRY_CAST(dims[i] AS BIGINT[]) AS shape
+    FROM calls, range(1, len(dims) + 1) AS t(i)
+    WHERE dims IS NOT NULL
+), sized AS (
+    SELECT *, list_reduce(shape || [1::BIGINT], lambda a, b: a * b) AS elements
+    FROM inputs WHERE len(shape) > 0
+)
+SELECT z.run_id, z.rank, z.name, z.input_index, c.steps, count(*), sum(z.elements) / c.steps,
+       arg_max(CAST(z.shape AS VARCHAR), (z.elements, CAST(z.shape AS VARCHAR))), sum(z.dur_ns) / c.steps
+FROM sized z JOIN counted c USING (run_id)
+WHERE z.elements > 1
+GROUP BY z.run_id, z.rank, z.name, z.input_index, c.steps;
+
 -- Per rank and step, what the step cost the rank in waiting for its peers: the summed `wait_ns`
 -- of the collectives that start in the step's iteration (`collective_arrivals`, `rank_steps`), how
 -- late the rank arrived at them, and the step's start on the job's common clock.
