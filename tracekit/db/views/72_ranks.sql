@@ -328,19 +328,24 @@ WITH chosen AS (
 ), counted AS (
     SELECT run_id, count(*) AS steps FROM chosen GROUP BY run_id
 ), calls AS (
-    SELECT e.run_id, s.rank, e.event_id, name_key(e.name) AS name, e.dur_ns,
-           TRY_CAST(e.args->'Input Dims' AS JSON[]) AS dims
+    -- calls of one op with the same recorded shapes, together: their shapes are parsed once
+    SELECT e.run_id, s.rank, e.name, CAST(e.args->'Input Dims' AS VARCHAR) AS dims_text, count(*) AS n,
+           sum(e.dur_ns) AS dur_ns
     FROM chosen s JOIN events e ON e.run_id = s.run_id AND e.ts_ns >= s.start_ns AND e.ts_ns < s.iteration_end_ns
     WHERE e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND (e.args->'Input Dims') IS NOT NULL
+    GROUP BY ALL
+), shaped AS (
+    SELECT run_id, rank, name_key(name) AS name, n, dur_ns, TRY_CAST(CAST(dims_text AS JSON) AS JSON[]) AS dims
+    FROM calls
 ), inputs AS (
-    SELECT run_id, rank, event_id, name, dur_ns, i AS input_index, TRY_CAST(dims[i] AS BIGINT[]) AS shape
-    FROM calls, range(1, len(dims) + 1) AS t(i)
+    SELECT run_id, rank, name, n, dur_ns, i AS input_index, TRY_CAST(dims[i] AS BIGINT[]) AS shape
+    FROM shaped, range(1, len(dims) + 1) AS t(i)
     WHERE dims IS NOT NULL
 ), sized AS (
     SELECT *, list_reduce(shape || [1::BIGINT], lambda a, b: a * b) AS elements
     FROM inputs WHERE len(shape) > 0
 )
-SELECT z.run_id, z.rank, z.name, z.input_index, c.steps, count(*), sum(z.elements) / c.steps,
+SELECT z.run_id, z.rank, z.name, z.input_index, c.steps, sum(z.n), sum(z.elements * z.n) / c.steps,
        arg_max(CAST(z.shape AS VARCHAR), (z.elements, CAST(z.shape AS VARCHAR))), sum(z.dur_ns) / c.steps
 FROM sized z JOIN counted c USING (run_id)
 WHERE z.elements > 1
