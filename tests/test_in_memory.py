@@ -33,3 +33,28 @@ def test_a_cursor_reads_the_trace_not_the_empty_default_database():
         assert count == con.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
         # relations of the Python API run on such cursors
         assert trace.sql("SELECT count(*) AS n FROM kernels").fetchall()[0][0] == count
+
+
+def test_opening_a_cursor_leaves_a_pending_result_of_the_connection_alone():
+    # the findings insert opens its cursor while a rule's result may still be pending on the connection
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        con = trace._db.con
+        pending = con.execute("SELECT rowid FROM event_rows ORDER BY rowid")
+        assert pending.fetchone() == (0,)
+        cur = connection.cursor(con)
+        try:
+            assert cur.execute("SELECT current_database()").fetchone()[0] == connection.IN_MEMORY
+        finally:
+            cur.close()
+        assert pending.fetchone() == (1,)
+
+
+def test_a_cursor_of_a_database_file_stays_in_it(tmp_path):
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz"), db=tmp_path / "t.duckdb") as trace:
+        con = trace._db.con
+        cur = connection.cursor(con)
+        try:
+            assert cur.execute("SELECT current_database()").fetchone()[0] == "t"
+            assert cur.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+        finally:
+            cur.close()

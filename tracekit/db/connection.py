@@ -23,10 +23,13 @@ IN_MEMORY = "tracekit"
 
 def cursor(con):
     """A new connection to `con`'s database, reading and writing the same catalog as `con` (DuckDB's
-    own cursor starts in the default database, which an in-memory trace does not use)."""
+    own cursor starts in the default database, which an in-memory trace does not use). Only the new
+    cursor is queried: `con` may hold a pending result that a query on it would end."""
     cur = con.cursor()
-    home = con.execute("SELECT current_database()").fetchone()[0]
-    if home == IN_MEMORY:
+    attached = cur.execute(
+        "SELECT count(*) FROM duckdb_databases() WHERE database_name = ? AND path IS NULL", [IN_MEMORY]
+    ).fetchone()[0]
+    if attached:
         cur.execute(f"USE {IN_MEMORY}")
     return cur
 
