@@ -3,6 +3,8 @@ reads the trace's tables."""
 
 from __future__ import annotations
 
+import pytest
+
 import tracekit
 from tests.conftest import sample
 from tracekit.db import connection
@@ -56,5 +58,17 @@ def test_a_cursor_of_a_database_file_stays_in_it(tmp_path):
         try:
             assert cur.execute("SELECT current_database()").fetchone()[0] == "t"
             assert cur.execute("SELECT count(*) FROM kernels").fetchone()[0] > 0
+        finally:
+            cur.close()
+
+
+@pytest.mark.parametrize("in_file", [False, True])
+def test_a_relation_runs_on_a_new_cursor(tmp_path, in_file):
+    # DuckDB refuses a relation on a connection with an unfinished result: the cursor leaves none
+    db = tmp_path / "t.duckdb" if in_file else None
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz"), db=db) as trace:
+        cur = connection.cursor(trace._db.con)
+        try:
+            assert cur.sql("SELECT count(*) FROM kernels").fetchall()[0][0] > 0
         finally:
             cur.close()

@@ -26,9 +26,10 @@ def cursor(con):
     own cursor starts in the default database, which an in-memory trace does not use). Only the new
     cursor is queried: `con` may hold a pending result that a query on it would end."""
     cur = con.cursor()
-    attached = cur.execute(
+    # fetchall: a result left unfinished keeps DuckDB from giving the cursor a relation (`cur.sql`)
+    ((attached,),) = cur.execute(
         "SELECT count(*) FROM duckdb_databases() WHERE database_name = ? AND path IS NULL", [IN_MEMORY]
-    ).fetchone()[0]
+    ).fetchall()
     if attached:
         cur.execute(f"USE {IN_MEMORY}")
     return cur
