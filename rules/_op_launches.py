@@ -3,6 +3,8 @@ launch configuration (what K002 repeated-launches measures)."""
 
 from __future__ import annotations
 
+from tracekit.engine.toolkit import contains_any
+
 # Kineto's `Input type` of a tensor is its dtype name (`float`, `long int`, `c10::BFloat16`); other
 # arguments are `Scalar`, `ScalarList`, `TensorList`, `GenericList` or empty.
 _DTYPE = r"^(float|double|bool|c10::.+|((un)?signed |short |long )*(char|int|long|short)( int)?)$"
@@ -125,14 +127,6 @@ FROM grouped g
 GROUPS_TABLE = "_k002_groups"
 
 
-def _skipped(column: str, patterns: str) -> str:
-    # comma-separated, case-insensitive substrings, as the rule's skip options document them
-    return (
-        f"len(list_filter(string_split(lower({patterns}), ','), lambda p: trim(p) <> '' "
-        f"AND contains(lower({column}), trim(p)))) > 0"
-    )
-
-
 # The repeat sites (groups of one op with those input shapes that launched the same inner op call's
 # kernel more than once, over the steady-state thresholds and not exempt), then one row per op and
 # input shapes: its repeat time, launches and occurrences over all its sites, and the sites.
@@ -148,8 +142,8 @@ per_shape AS (
            count(*) AS occurrences, any_value(s.occurrences) AS all_occurrences,
            sum(g.repeat_ns) AS repeat_ns, sum(g.launches) AS launches
     FROM groups g JOIN per_shape s ON s.op = g.op AND s.input_shapes IS NOT DISTINCT FROM g.input_shapes
-    WHERE g.launches > 1 AND NOT g.loop_variant AND NOT {_skipped("g.op", "$skip_ops")}
-      AND NOT {_skipped("g.inner_op", "$skip_ops")} AND NOT {_skipped("g.kernel", "$skip_kernels")}
+    WHERE g.launches > 1 AND NOT g.loop_variant AND NOT {contains_any("g.op", "$skip_ops")}
+      AND NOT {contains_any("g.inner_op", "$skip_ops")} AND NOT {contains_any("g.kernel", "$skip_kernels")}
     GROUP BY g.site
     HAVING count(*) >= $min_occurrences AND count(*) >= $min_occurrence_share * any_value(s.occurrences)
 ), repeats AS (

@@ -52,13 +52,13 @@ import statistics
 
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
-from tracekit.engine.toolkit import locality, rows
+from tracekit.engine.toolkit import contains_any, locality, rows
 from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _ranks
 from tracekit.units import duration
 
 # Each op input every rank of the job records, per rank: its elements and the op's time per iteration.
-INPUTS_SQL = """
+INPUTS_SQL = f"""
 WITH i AS (
     SELECT o.* FROM rank_op_inputs o JOIN runs r USING (run_id) WHERE r.world_size = $world_size
 ), ranks AS (
@@ -66,7 +66,7 @@ WITH i AS (
 )
 SELECT run_id, rank, name, input_index, steps, calls, elements_per_step, largest_dims, per_step_ns
 FROM i
-WHERE len(list_filter(string_split(lower($skip_ops), ','), lambda p: trim(p) <> '' AND contains(lower(name), trim(p)))) = 0
+WHERE NOT {contains_any("name", "$skip_ops")}
 QUALIFY count(DISTINCT rank) OVER (PARTITION BY name, input_index) = (SELECT n FROM ranks)
 ORDER BY name, input_index, rank
 """
@@ -79,14 +79,10 @@ WHERE r.world_size = $world_size AND o.name = $name AND o.input_index = $input_i
 ORDER BY o.rank
 """
 
-# The median iteration of the job's ranks (the steady steps; every step of a run without steady ones).
+# The median iteration of the job's ranks, over the steps their summaries are measured on.
 ITERATION_SQL = """
-WITH s AS (
-    SELECT s.iteration_end_ns - s.start_ns AS iteration_ns FROM rank_steps s JOIN runs r USING (run_id)
-    WHERE r.world_size = $world_size
-    QUALIFY s.phase = 'steady' OR count(*) FILTER (WHERE s.phase = 'steady') OVER (PARTITION BY s.run_id) = 0
-)
-SELECT median(iteration_ns) FROM s
+SELECT median(s.iteration_end_ns - s.start_ns) FROM rank_measured_steps s JOIN runs r USING (run_id)
+WHERE r.world_size = $world_size
 """
 
 

@@ -159,7 +159,7 @@ def rule(
 
 # What a "job"-scope rule may read: the per-rank summaries (views over every rank's events in one
 # database, tables in a cluster run's reducer) and the views computed from them alone.
-JOB_INPUTS = ("runs", "rank_collectives", "rank_steps", "rank_op_times", "rank_op_inputs", "collective_arrivals", "rank_step_waits",
+JOB_INPUTS = ("runs", "rank_collectives", "rank_steps", "rank_op_times", "rank_op_inputs", "rank_measured_steps", "collective_arrivals", "rank_step_waits",
               "cluster_step_components", "rank_components")  # fmt: skip
 SCOPES = ("run", "job")
 

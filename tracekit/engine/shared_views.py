@@ -59,14 +59,11 @@ class Shared:
         self.catalog = catalog
         self.views = views
         # settings a connection makes for itself (`SET asof_loop_join_threshold`, in
-        # tracekit.db.connection): a new connection starts from the global values. The progress bar
-        # is the client's to draw: copied onto a cursor, a rule's query longer than two seconds
-        # would print a bar on stderr
+        # tracekit.db.connection): a new connection starts from the global values
         self._settings = [
             (name, value)
             for name, value in con.execute(
                 "SELECT name, value FROM duckdb_settings() WHERE scope = 'LOCAL' AND value IS NOT NULL"
-                " AND name NOT LIKE '%progress%'"
             ).fetchall()
         ]
 
@@ -81,6 +78,8 @@ class Shared:
         for name, value in self._settings:
             with contextlib.suppress(duckdb.Error):  # a setting that cannot be set again
                 cur.execute(f"SET {name} = '{str(value).replace(chr(39), chr(39) * 2)}'")
+        # the progress bar is the client's to draw: on a cursor, a rule's query over two seconds
+        # would print one on analyze's stderr
         cur.execute("SET enable_progress_bar = false")
         for view in self.views:
             cur.execute(_reader(self.catalog, view))

@@ -52,6 +52,15 @@ class RunInfo:
         return {"run_id": self.run_id, "run_label": self.label, "rank": self.rank}
 
 
+def contains_any(column: str, patterns: str) -> str:
+    """SQL: whether `column` contains any of `patterns` (an SQL text or parameter holding
+    comma-separated, case-insensitive substrings, as the rules' skip options are written)."""
+    return (
+        f"len(list_filter(string_split(lower({patterns}), ','), lambda p: trim(p) <> '' "
+        f"AND contains(lower({column}), trim(p)))) > 0"
+    )
+
+
 def locality(run: RunInfo, **where) -> dict:
     """A finding's locality: the run's keys, then `where` in the schema's key order. A key passed as
     None stays (as "not known"); a window becomes a pair of ints and an empty code path None, so two

@@ -223,9 +223,31 @@ SELECT s.run_id, s.rank, s.step_index, s.name, s.phase, s.start_ns, s.end_ns, s.
        coalesce(calls.collective_ns, 0), coalesce(calls.collectives, 0), lead.lead_in_ns
 FROM s LEFT JOIN calls USING (run_id, step_index) LEFT JOIN lead USING (run_id, step_index);
 
+-- Per run that has a rank, the steps its per-rank summaries are measured over: the steady steps of
+-- `rank_steps`, or every step of a run that has none steady, with how many there are.
+CREATE OR REPLACE VIEW rank_measured_steps(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- `rank_steps.name`
+    name,
+    -- start of the step on this rank's clock
+    start_ns,
+    -- end of the step's iteration: the next step's start, else its end
+    iteration_end_ns,
+    -- how many steps of the run are measured
+    steps
+) AS
+WITH chosen AS (
+    SELECT run_id, rank, name, start_ns, iteration_end_ns FROM rank_steps
+    QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0
+)
+SELECT *, count(*) OVER (PARTITION BY run_id) FROM chosen;
+
 -- Per run that has a rank, the time per step in each named host op or annotation and each GPU
--- kernel, over the iterations of the run's steady steps (all steps when none is steady; see
--- `rank_steps`): what a rank's breakdown is compared on against its peers. Names go through
+-- kernel, over the iterations of `rank_measured_steps` (the run's steady steps; all steps when none
+-- is steady): what a rank's breakdown is compared on against its peers. Names go through
 -- `name_key`, so per-run ids do not split a name; host events of every thread count (the backward
 -- pass runs on autograd's own thread). `total_ns` includes nested work; `self_ns` is without the
 -- traced work directly nested in it (ops, annotations, runtime calls) and without the time the rank
@@ -258,10 +280,9 @@ CREATE OR REPLACE VIEW rank_op_times(
     self_per_step_ns
 ) AS
 WITH chosen AS (
-    SELECT run_id, rank, name AS step_name, start_ns, iteration_end_ns FROM rank_steps
-    QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0
+    SELECT run_id, rank, name AS step_name, start_ns, iteration_end_ns FROM rank_measured_steps
 ), counted AS (
-    SELECT run_id, count(*) AS steps FROM chosen GROUP BY run_id
+    SELECT DISTINCT run_id, steps FROM rank_measured_steps
 ), timed AS (
     SELECT e.run_id, s.rank, e.event_id, e.tid, e.ts_ns, e.end_ns,
            CASE WHEN e.kind = 'kernel' THEN 'gpu' ELSE 'host' END AS layer,
@@ -297,7 +318,7 @@ FROM own o JOIN counted c USING (run_id)
 GROUP BY o.run_id, o.rank, o.layer, o.name, c.steps;
 
 -- Per run that has a rank, how much input each host op took per step, input by input, over the
--- iterations `rank_op_times` reads (the steady steps; all steps when none is steady): the element
+-- iterations of `rank_measured_steps` (as `rank_op_times`): the element
 -- count of each tensor input (the product of its `Input Dims`, as far as record_shapes recorded them)
 -- summed over the op's calls. The same op given more elements on one rank than on its peers is work
 -- the job shares unevenly (tokens routed to one expert, a larger shard); the op's time per step
@@ -323,10 +344,9 @@ CREATE OR REPLACE VIEW rank_op_inputs(
     per_step_ns
 ) AS
 WITH chosen AS (
-    SELECT run_id, rank, start_ns, iteration_end_ns FROM rank_steps
-    QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0
+    SELECT run_id, rank, start_ns, iteration_end_ns FROM rank_measured_steps
 ), counted AS (
-    SELECT run_id, count(*) AS steps FROM chosen GROUP BY run_id
+    SELECT DISTINCT run_id, steps FROM rank_measured_steps
 ), calls AS (
     -- calls of one op with the same recorded shapes, together: their shapes are parsed once
     SELECT e.run_id, s.rank, e.name, CAST(e.args->'Input Dims' AS VARCHAR) AS dims_text, count(*) AS n,
