@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -92,6 +93,23 @@ def _rank_main(rank: int, world: int, backend: str, cell: dict, port: int, out_d
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     gpu = backend == "nccl"
+    # On CPU, each rank gets its own slot of cores, and its main thread moves to the next rank's slot
+    # every step (as make_rank_matrix.py does): a virtual machine's cores run at speeds that differ
+    # for seconds at a time, and a rank kept on a slow one is a straggler nobody injected (a first
+    # gloo run of the healthy cell had one rank 25% slower in every step).
+    cores = sorted(os.sched_getaffinity(0))
+    per_rank = len(cores) // world
+    slots = [cores[i * per_rank : (i + 1) * per_rank] for i in range(world)] if not gpu and per_rank else []
+    if slots:  # before the process group starts gloo's threads, so that they stay on this slot
+        os.sched_setaffinity(0, slots[rank])
+    steps_run = 0
+
+    def rotate() -> None:
+        nonlocal steps_run
+        if slots:
+            os.sched_setaffinity(0, slots[(rank + steps_run) % world])
+        steps_run += 1
+
     device = join_rank(torch, dist, rank, world, backend, port)
     slow = rank == cell["slow_rank"]
     sync = torch.cuda.synchronize if gpu else (lambda: None)
@@ -113,6 +131,7 @@ def _rank_main(rank: int, world: int, backend: str, cell: dict, port: int, out_d
         x = torch.randn(tokens, width, device=device)
 
         def step(record: bool) -> None:
+            rotate()
             start = time.perf_counter()
             with record_function("dispatch"):
                 routed = torch.empty(sum(recv), width, device=device)
@@ -153,6 +172,7 @@ def _rank_main(rank: int, world: int, backend: str, cell: dict, port: int, out_d
             return loss
 
         def step(record: bool) -> None:
+            rotate()
             start = time.perf_counter()
             x, y = (t.to(device, non_blocking=True) for t in next(loader))
             loss = forward_backward(x, y)
@@ -256,6 +276,9 @@ def main() -> None:
                 f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k in ("backend", "world", "cells")
                 and v is not None),
             cpu_name(),
+            **({} if args.backend == "nccl" else {"placement": (
+                f"each rank's main thread on its own {os.cpu_count() // world} of {os.cpu_count()} cores, moving "
+                "to the next rank's cores every step; torch.set_num_threads(1)")}),
         ),
         dimensions=["kind", "slow_rank", "injected"],
         cells=entries,

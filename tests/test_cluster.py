@@ -273,3 +273,19 @@ def test_a_trace_given_twice_is_analysed_once_as_one_database_does(tmp_path):
     assert len(job.cluster["duplicates"]) == 1 and str(copy) in job.cluster["duplicates"][0]
     assert any(r["locality"].get("run_id") == 3 for r in job.records)  # rank 0, after the gap
     assert (job.records, job.notes) == (records, notes)
+
+
+def _worker_duckdb_threads():
+    from tracekit import db
+
+    return db.connect(None).execute("SELECT current_setting('threads')").fetchone()[0]
+
+
+def test_local_workers_split_the_cores_for_duckdb_and_the_rules(monkeypatch):
+    """Each local worker runs one chunk at a time on its share of the cores: two workers of a
+    4-thread budget get two DuckDB threads each, not one per core each."""
+    from tracekit.cluster import backends
+
+    monkeypatch.setenv("TRACEKIT_THREADS", "4")
+    with backends.DaskBackend(workers=2) as backend:
+        assert set(backend.client.run(_worker_duckdb_threads).values()) == {2}

@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import corpus, sample
 from tracekit import compression, db, parsers
 from tracekit.db import run_tables
-from tracekit.errors import InputError
+from tracekit.errors import InputError, TracekitError
 from tracekit.ingest import inputs, pipeline
 from tracekit.ingest.pipeline import ingest
 
@@ -183,3 +183,33 @@ def test_no_sniff_raises(head):
     for reader in parsers.readers():
         assert reader.sniff(head, "x.dat") in (True, False)
         assert reader.sniff(head, "x.jsonl", metrics=("diff",)) in (True, False)
+
+
+def test_on_error_hands_over_each_bad_input_and_ingests_the_rest(tmp_path):
+    """The cluster worker's mode: a missing file, one no reader takes and a truncated trace among
+    good ones are each reported once, and the good ones after them are still ingested."""
+    missing = tmp_path / "gone.json"
+    unreadable = tmp_path / "notes.txt"
+    unreadable.write_text("not a trace\n")
+    truncated = tmp_path / "cut.json"
+    truncated.write_bytes(gzip.decompress(RANK1.read_bytes())[:5000])
+    failed = []
+    con = db.connect(None)
+    results = ingest(con, [RANK0, missing, unreadable, truncated, RANK1],
+                     on_error=lambda path, e: failed.append((path.name, type(e).__name__)))  # fmt: skip
+    # a file no reader takes is known before any is read; the others as their turn comes
+    assert sorted(name for name, _ in failed) == ["cut.json", "gone.json", "notes.txt"]
+    assert {r.source for r in results} == {str(RANK0), str(RANK1)}
+    sources = [s for (s,) in con.execute("SELECT source FROM runs ORDER BY run_id").fetchall()]
+    assert sources == [str(RANK0), str(RANK1)]
+    # nothing of the truncated trace stays behind
+    assert con.execute("SELECT count(*) FROM ingest_pending").fetchone()[0] == 0
+    assert fingerprint(con, 1) == fingerprint(alone(RANK0), 1)
+
+
+def test_without_on_error_the_first_bad_input_ends_the_call(tmp_path):
+    missing = tmp_path / "gone.json"
+    con = db.connect(None)
+    with pytest.raises(TracekitError, match="gone.json.*ingested and kept: gpu_tp2_rank0"):
+        ingest(con, [RANK0, missing, RANK1])
+    assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1

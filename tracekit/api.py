@@ -222,13 +222,22 @@ class Trace:
         return Trace(self._db, chosen)
 
     def add(
-        self, *inputs, labels=None, offsets=None, rank=None, metrics=(), progress=None, same_content="skip"
+        self,
+        *inputs,
+        labels=None,
+        offsets=None,
+        rank=None,
+        metrics=(),
+        progress=None,
+        same_content="skip",
+        on_error=None,
     ) -> Trace:
         """Ingest more inputs into this database (each once); returns the Trace of the new runs (and of the runs already holding an input).
         Findings computed before are computed again, over every run, when next asked for. A trace
         the database holds already is not ingested again (the returned Trace's `duplicates` names
         it); `same_content="replace"` puts its new run in place of the old ones, `"keep"` keeps both
-        (two sides of a comparison)."""
+        (two sides of a comparison). `on_error(path, exception)`, when given, receives each input
+        that cannot be ingested, and the others are (without it the first such input raises)."""
         from tracekit.ingest import ingest
         from tracekit.ingest.offsets import parse_offsets
 
@@ -249,6 +258,7 @@ class Trace:
             results = ingest(
                 self._db.con, paths, rank=rank, labels=list(labels) if labels else None, progress=progress,
                 metrics=tuple(metrics), offsets=shifts, same_content=same_content, duplicates=duplicates,
+                on_error=on_error,
             )  # fmt: skip
         except BaseException:
             with contextlib.suppress(Exception):  # the failure may have invalidated the connection

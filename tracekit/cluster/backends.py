@@ -12,6 +12,7 @@ this module's check that the pinned worker is gone) and the chunk's ranks are re
 
 from __future__ import annotations
 
+import os
 import traceback
 
 from tracekit.cluster import work
@@ -70,6 +71,18 @@ class InProcessBackend:
         return out
 
 
+def worker_threads(workers: int) -> int:
+    """Each local worker's share of the cores this process may use (TRACEKIT_THREADS if set, which
+    the workers then split)."""
+    from tracekit.db.connection import thread_budget
+
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, (thread_budget() or cpus) // max(1, workers))
+
+
 def _on_worker(fn, *args, **kwargs):
     """Run a task and note the Dask worker it ran on (its phase 2 must run there too)."""
     from distributed import get_worker
@@ -100,8 +113,14 @@ class DaskBackend:
                 self.client = distributed.Client(scheduler, timeout="15s")
                 self.name = f"dask scheduler {scheduler}"
             else:
+                # each worker runs one chunk at a time on its share of this machine's cores: DuckDB's
+                # default of a thread per core in every worker only makes them contend
                 self.cluster = distributed.LocalCluster(
-                    n_workers=int(workers), threads_per_worker=1, processes=True, dashboard_address=None
+                    n_workers=int(workers),
+                    threads_per_worker=1,
+                    processes=True,
+                    dashboard_address=None,
+                    env={"TRACEKIT_THREADS": str(worker_threads(int(workers)))},
                 )
                 self.client = distributed.Client(self.cluster)
                 self.name = "dask LocalCluster"

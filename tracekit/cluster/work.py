@@ -120,15 +120,18 @@ def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), fol
         # the ids a database of every input gives: the chunk's first input is run first + 1
         con.execute("DROP SEQUENCE IF EXISTS run_ids")
         con.execute(f"CREATE SEQUENCE run_ids START {int(chunk.first) + 1}")
-        failed, duplicates = [], []
-        for p in chunk.paths:
-            try:
-                added = trace.add(p, rank=rank, metrics=metrics)  # a copy of a trace of the chunk: skipped
-                duplicates += [d.describe() for d in added.duplicates]
-            except TracekitError as e:
-                failed.append({"path": p, "error": str(e)})
-            except Exception as e:  # a reader's bug on one rank must not end the job
-                failed.append({"path": p, "error": f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"})
+        failed = []
+
+        def fails(path, e: Exception) -> None:  # a reader's bug on one rank must not end the job either
+            error = str(e) if isinstance(e, TracekitError) else f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            failed.append({"path": str(path), "error": error})
+
+        # one call, so that the next rank file is read (inflated) while one loads; a copy of a trace
+        # of the chunk is skipped
+        added = trace.add(*chunk.paths, rank=rank, metrics=metrics, on_error=fails)
+        duplicates = [d.describe() for d in added.duplicates]
+        order = {p: i for i, p in enumerate(chunk.paths)}
+        failed.sort(key=lambda f: order.get(f["path"], len(order)))  # in input order, as one add per file gave
         runs = table(con, "SELECT * FROM runs ORDER BY run_id")
         collectives = table(con, "SELECT * FROM rank_collectives ORDER BY run_id, process_group, seq, event_id")
         events = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]

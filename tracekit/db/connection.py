@@ -50,6 +50,9 @@ def connect(path: str | None = None, read_only: bool = False):
     # windows (steps, steady pieces) are estimated at one row whatever their number, and a nested
     # loop of 95 step windows against 420k busy blocks took 2.5x the sort-based join on a 1 GB trace
     con.execute("SET asof_loop_join_threshold = 0")
+    threads = thread_budget()
+    if threads:  # several tracekit processes share the cores (a local cluster's workers)
+        con.execute(f"SET threads = {threads}")
     if path is None:
         # an in-memory database spills to disk past its memory limit; keep that out of the cwd
         con.execute("SET temp_directory = ?", [os.path.join(tempfile.gettempdir(), tempfiles.prefix() + "duckdb")])
@@ -71,6 +74,18 @@ def connect(path: str | None = None, read_only: bool = False):
         if path is not None:
             pending.remove_leftovers(con, run_tables(con))
     return con
+
+
+def thread_budget() -> int | None:
+    """TRACEKIT_THREADS: the threads this process may keep busy (DuckDB's `threads`, and at most as
+    many rule threads), or None for DuckDB's default of one per core. A local cluster gives each of
+    its N workers cores // N: on 2 cores, two workers of two DuckDB threads each took 25 s on 256
+    ranks, of one each (rules on one thread too) about 20 s."""
+    wanted = os.environ.get("TRACEKIT_THREADS", "").strip()
+    try:
+        return max(1, int(wanted)) if wanted else None
+    except ValueError:
+        return None
 
 
 def _build_template(path: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 
+from tracekit.db.connection import thread_budget
 from tracekit.engine import quality
 from tracekit.engine.registry import DataQuality, Rule, all_rules, get_rule
 from tracekit.engine.shared_views import computed_once
@@ -44,8 +45,8 @@ THREADED_UNTIL_S = 1.0
 
 def rule_threads(shared_seconds: float = 0.0) -> int:
     """How many threads the rules of one analysis run on: TRACEKIT_RULE_THREADS if set, else 1 when
-    computing the shared views took THREADED_UNTIL_S or more, else the CPUs this process may use, at
-    most MAX_RULE_THREADS."""
+    computing the shared views took THREADED_UNTIL_S or more, else the CPUs this process may use
+    (at most TRACEKIT_THREADS), at most MAX_RULE_THREADS."""
     wanted = os.environ.get("TRACEKIT_RULE_THREADS")
     if wanted:
         try:
@@ -58,6 +59,7 @@ def rule_threads(shared_seconds: float = 0.0) -> int:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
+    cpus = min(cpus, thread_budget() or cpus)
     return max(1, min(cpus, MAX_RULE_THREADS))
 
 

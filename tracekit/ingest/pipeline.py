@@ -72,6 +72,7 @@ def ingest(
     same_content: str = "skip",
     duplicates: list | None = None,
     after_run: Callable[[list[IngestResult]], None] | None = None,
+    on_error: Callable[[Path, Exception], None] | None = None,
 ) -> list[IngestResult]:
     """Ingest files and folders (see inputs.expand) in order, the logs that join a trace with it (see
     plan); one IngestResult per file.
@@ -87,13 +88,18 @@ def ingest(
 
     `after_run`: called with the IngestResults of each run (of a file split by process: its runs)
     once they are committed, before the next input loads (tracekit.ingest.lake moves them out).
+
+    `on_error`: when given, an input that cannot be read or loaded is handed to it with its error
+    (its run rolled back) and the next input goes on, still read ahead while one loads (a cluster
+    worker ingests its chunk in one call this way: one bad rank must not end the chunk); without
+    it the first such input ends the call.
     """
     tempfiles.sweep(tmpdir)  # what killed ingests staged
     # asked now: a write that finds the disk full invalidates the connection
     database = pending.database_file(con)
     try:
         return _ingest(con, [Path(p) for p in paths], rank, labels, tmpdir, progress, align, metrics, offsets,
-                       same_content, duplicates, after_run)  # fmt: skip
+                       same_content, duplicates, after_run, on_error)  # fmt: skip
     except Exception as e:
         temporary = tmpdir or tempfile.gettempdir()
         full = out_of_space(e, temporary, _room_needed(paths, temporary, database))
@@ -119,22 +125,55 @@ def _room_needed(paths, temporary: str, database: str | None) -> dict[str, int]:
 
 
 def _ingest(
-    con, paths, rank, labels, tmpdir, progress, align, metrics, offsets, same_content, duplicates, after_run=None
+    con,
+    paths,
+    rank,
+    labels,
+    tmpdir,
+    progress,
+    align,
+    metrics,
+    offsets,
+    same_content,
+    duplicates,
+    after_run=None,
+    on_error=None,
 ):
     offsets = {Path(k): v for k, v in (offsets or {}).items()}
     exported: dict[Path, Path] = {}  # export -> the native report it came from
+    # the user's path of an input exported from a vendor's native report, not the export's
+    failed = None if on_error is None else (lambda path, e: on_error(exported.get(path, path), e))
     try:
-        for i, p in enumerate(paths):
-            if is_native(p):
-                paths[i] = export_native(p, tmpdir)  # the vendor tool reads its own format; tracekit the export
-                exported[paths[i]] = p
-                offsets.setdefault(paths[i], offsets.get(p, 0))
         options = {"metrics": tuple(metrics), "tmpdir": tmpdir}
-        inputs = expand(paths, **options)
+        inputs = []
+        for p in paths:
+            try:
+                if is_native(p):
+                    export = export_native(p, tmpdir)  # the vendor tool reads its own format; tracekit the export
+                    exported[export] = p
+                    offsets.setdefault(export, offsets.get(p, 0))
+                    p = export
+                inputs += expand([p], **options)
+            except Exception as e:
+                if failed is None:
+                    raise
+                failed(p, e)
         done: list[IngestResult] = []
         try:
             _ingest_all(
-                con, inputs, options, rank, labels, progress, align, offsets, same_content, duplicates, done, after_run
+                con,
+                inputs,
+                options,
+                rank,
+                labels,
+                progress,
+                align,
+                offsets,
+                same_content,
+                duplicates,
+                done,
+                after_run,
+                failed,
             )
         except TracekitError as e:
             if not done:
@@ -170,7 +209,7 @@ class Part:
 
 def _ingest_all(
     con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results,
-    after_run=None,
+    after_run=None, on_error=None,
 ) -> None:  # fmt: skip
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
     units = plan([i.path for i in inputs], readers=[i.reader for i in inputs])
@@ -190,6 +229,11 @@ def _ingest_all(
                         con, parts[-1], parts[:-1], rank, label, started, align, offsets, replaced.get(first, [])
                     )
                     results += run_results
+                except Exception as e:
+                    if on_error is None:
+                        raise
+                    on_error(inputs[first].path, e)
+                    continue
                 finally:
                     _cleanup(*parts)
                 if after_run is not None:
