@@ -48,28 +48,12 @@ multi-rank job whose ranks record shapes of the same ops.
 
 from __future__ import annotations
 
-import statistics
-
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
-from tracekit.engine.toolkit import contains_any, locality, rows
+from tracekit.engine.toolkit import locality
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _ranks
+from tracekit.rules import _inputs, _ranks
 from tracekit.units import duration
-
-# Each op input every rank of the job records, per rank: its elements and the op's time per iteration.
-INPUTS_SQL = f"""
-WITH i AS (
-    SELECT o.* FROM rank_op_inputs o JOIN runs r USING (run_id) WHERE r.world_size = $world_size
-), ranks AS (
-    SELECT count(DISTINCT rank) AS n FROM i
-)
-SELECT run_id, rank, name, input_index, steps, calls, elements_per_step, largest_dims, per_step_ns
-FROM i
-WHERE NOT {contains_any("name", "$skip_ops")}
-QUALIFY count(DISTINCT rank) OVER (PARTITION BY name, input_index) = (SELECT n FROM ranks)
-ORDER BY name, input_index, rank
-"""
 
 # The evidence query: one op input on every rank of the job.
 EVIDENCE_SQL = """
@@ -78,17 +62,6 @@ FROM rank_op_inputs o JOIN runs r USING (run_id)
 WHERE r.world_size = $world_size AND o.name = $name AND o.input_index = $input_index
 ORDER BY o.rank
 """
-
-# The median iteration of the job's ranks, over the steps their summaries are measured on.
-ITERATION_SQL = """
-SELECT median(s.iteration_end_ns - s.start_ns) FROM rank_measured_steps s JOIN runs r USING (run_id)
-WHERE r.world_size = $world_size
-"""
-
-
-# an op's extra time and that of the op it calls differ by their own overheads only
-NEST_TOLERANCE = 0.05
-
 
 # Whether the job's ranks name experts (an op, annotation or module with `expert` or `moe` in its name):
 # its imbalance is then the router's to fix
@@ -105,68 +78,24 @@ FROM rank_op_times o JOIN runs r USING (run_id) WHERE r.world_size = $world_size
     category="cluster",
     requires=("runs",),
     params={
-        "min_work_ratio": Param(1.25, "a rank's input elements per iteration over the median rank's", "ratio"),
-        "min_share": Param(0.02, "and its op time over the median rank's, as a share of the iteration", "ratio"),
-        "critical_share": Param(0.1, "critical from this share of the iteration on", "ratio"),
-        "skip_ops": Param(
-            "c10d::,nccl:,gloo:,record_param_comms,all_reduce,allreduce,all_gather,allgather,all_to_all,alltoall,"
-            "reduce_scatter,broadcast",
-            "comma-separated op name substrings left out (collectives)",
-            "patterns",
+        "min_work_ratio": Param(
+            _inputs.MIN_WORK_RATIO, "a rank's input elements per iteration over the median rank's", "ratio"
         ),
+        "min_share": Param(
+            _inputs.MIN_SHARE, "and its op time over the median rank's, as a share of the iteration", "ratio"
+        ),
+        "critical_share": Param(0.1, "critical from this share of the iteration on", "ratio"),
+        "skip_ops": Param(_inputs.SKIP_OPS, "comma-separated op name substrings left out (collectives)", "patterns"),
     },
     example=Example(tuple(f"ep_hot_expert_rank{r}.json.gz" for r in range(4))),
     scope="job",
 )
 def check(con, params, ctx):
     for world_size in _ranks.world_sizes(con):
-        iteration = _iteration(con, world_size)
-        if not iteration:
-            continue
-        inputs = rows(con, INPUTS_SQL, {"world_size": world_size, "skip_ops": params["skip_ops"]})
-        found = _heavy_inputs(inputs, iteration, params)
+        iteration, found = _inputs.heavy_inputs(con, world_size, params)
         moe = bool(found) and con.execute(MOE_SQL, {"world_size": world_size}).fetchone()[0]
         for rank, heavy in found.items():
             yield _finding(ctx, params, world_size, iteration, rank, heavy, moe)
-
-
-def _iteration(con, world_size: int) -> float | None:
-    (median,) = con.execute(ITERATION_SQL, {"world_size": world_size}).fetchone()
-    return float(median) if median else None
-
-
-def _heavy_inputs(inputs, iteration: float, params) -> dict:
-    """rank -> [(extra ns per iteration, ratio, the rank's row, a median rank's row)] for the op inputs
-    it gets more of than its peers, largest extra time first."""
-    by_input: dict = {}
-    for r in inputs:
-        by_input.setdefault((r.name, r.input_index), []).append(r)
-    found: dict = {}
-    for per_rank in by_input.values():
-        if len(per_rank) < 2 or len({r.rank for r in per_rank}) != len(per_rank):
-            continue
-        median_elements = statistics.median(r.elements_per_step for r in per_rank)
-        median_ns = statistics.median(r.per_step_ns for r in per_rank)
-        if median_elements <= 0:
-            continue
-        typical = min(per_rank, key=lambda r: (abs(r.elements_per_step - median_elements), r.rank))
-        for r in per_rank:
-            ratio = r.elements_per_step / median_elements
-            extra = r.per_step_ns - median_ns
-            if ratio >= params["min_work_ratio"] and extra >= params["min_share"] * iteration:
-                found.setdefault(r.rank, []).append((extra, ratio, r, typical))
-    return {rank: _outer_first(h) for rank, h in found.items()}
-
-
-def _outer_first(heavy: list) -> list:
-    """Largest extra time first; an op and the ops it calls grow alike (`aten::linear` and its
-    `aten::addmm`, within a few percent), so of those within NEST_TOLERANCE of the largest the one
-    taking longest, the outer op, leads."""
-    heavy = sorted(heavy, key=lambda x: (-x[0], x[2].name, x[2].input_index))
-    top = heavy[0][0]
-    close = [h for h in heavy if h[0] >= (1 - NEST_TOLERANCE) * top]
-    lead = max(close, key=lambda x: (x[2].per_step_ns, -x[2].input_index))
-    return [lead] + [h for h in heavy if h is not lead]
 
 
 def _finding(ctx, params, world_size: int, iteration: float, rank: int, heavy: list, moe: bool) -> Finding:

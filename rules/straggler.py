@@ -13,7 +13,10 @@ the median of its peers: a named op, annotation or kernel that takes longer per 
 op and outside waiting for a collective), or a late start of its iterations (`rank_steps.lead_in_ns`:
 time before its first traced work). The cause is named when it accounts for at least
 `explain_share` of the time held; the finding lists the next candidates too. It names the
-collective where the others wait most for that rank.
+collective where the others wait most for that rank. When the cause is an op or kernel and the rank
+is given more input than its peers in some op (R005 load-imbalance's test at its default
+thresholds, over `rank_op_inputs`), the finding says so, and its next experiment is to even out the
+work instead of comparing the op's shapes and speed on two ranks.
 
 ## Why it matters
 A collective finishes when its last rank arrives, so every other rank of the job loses the late
@@ -29,7 +32,10 @@ inside its `grad_sync` annotation before the all-reduce: rank 0 waits 7.8 ms per
 all-reduce, rank 1 59 us; `grad_sync` holds 6.6 ms per iteration of host time on rank 1 outside any
 traced op or collective, 6.1 ms more than on rank 0. In the eight-rank matrix cell slow_compute,
 the finding names rank 5 and its op `extra_compute` (4.0 ms per iteration, run on no other rank),
-holding the other seven ranks 2.9 ms per 31.8 ms iteration at the first gradient all-reduce.
+holding the other seven ranks 2.9 ms per 31.8 ms iteration at the first gradient all-reduce. In
+the expert-parallel sample `ep_hot_expert_rank0..3.json.gz`, rank 1's `expert` annotation takes
+47.0 ms per iteration more than its peers' median and its `aten::linear` gets 3.7x the median rank's
+input ([4508, 1024] against [1228, 1024]): rank 1 is given more work, not slower.
 
 ## Checked on
 The eight-rank gloo matrix (healthy; extra compute of 10, 20 and 30% on one rank; 5 ms of
@@ -60,7 +66,7 @@ from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import Example, Param, rule
 from tracekit.engine.toolkit import locality, rows
 from tracekit.findings.model import Finding, Quantity
-from tracekit.rules import _ranks
+from tracekit.rules import _inputs, _ranks
 from tracekit.units import duration
 
 # In how many iterations the rank waited less than the median of the other ranks in the same
@@ -152,8 +158,31 @@ def _job(con, ctx, params, world_size: int):
     explained = cause is not None and cause["excess_ns"] >= params["explain_share"] * held
     consistency = rows(con, CONSISTENCY_SQL, where)[0]
     at = (rows(con, BY_COLLECTIVE_SQL, where) or [None])[0]
+    skew = _input_skew(con, world_size, slow.rank) if explained and cause["kind"] in ("op", "kernel") else None
     return _finding(ctx, params, world_size, slow, peers, held, iteration, cause if explained else None, causes,
-                    consistency, at)  # fmt: skip
+                    consistency, at, skew)  # fmt: skip
+
+
+def _input_skew(con, world_size: int, rank: int) -> dict | None:
+    """The op input the slow rank gets most more of than its peers (R005's test, at its defaults):
+    then the op that grew grew because the rank is given more, and the question the next
+    experiment would ask is answered."""
+    _, found = _inputs.heavy_inputs(con, world_size)
+    if rank not in found:
+        return None
+    extra, ratio, row, typical = found[rank][0]
+    return {"op": row.name, "input_index": row.input_index, "work_ratio": round(ratio, 2),
+            "dims": row.largest_dims, "typical_rank": typical.rank, "typical_dims": typical.largest_dims,
+            "extra_ns_per_iteration": int(extra)}  # fmt: skip
+
+
+def _skew_text(skew: dict) -> str:
+    shapes = (
+        f" ({skew['dims']} against {skew['typical_dims']} on rank {skew['typical_rank']})"
+        if skew["dims"] != skew["typical_dims"]
+        else ""
+    )
+    return f"`{skew['op']}` gets {skew['work_ratio']:.1f}x the median rank's input there{shapes}"
 
 
 def _causes(con, params, slow, peers, run_ids) -> list[dict]:
@@ -221,7 +250,7 @@ def _others(peers) -> str:
     return "the other rank" if len(peers) == 1 else f"the other {len(peers)} ranks"
 
 
-def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool) -> str:
+def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool, skew: dict | None = None) -> str:
     if cause is None:
         return (
             f"Check whether the ranks do the same work: compare rank {rank}'s and rank {peer}'s `rank_steps` "
@@ -249,6 +278,12 @@ def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool
             "profiler with with_stack=True) to name the host code that is not a traced op; compare with rank "
             f"{peer}."
         )
+    if skew is not None:
+        return (
+            f"Rank {rank} is given more work, not slower: {_skew_text(skew)}. Even out what each rank gets "
+            "(the router's balance loss or capacity factor where experts are routed, else the sampler or the "
+            f"sharding); R005 load-imbalance's finding on rank {rank} carries the per-rank input query."
+        )
     compare = (
         f"SELECT r.rank, e.name, count(*), avg(e.dur_ns), any_value(CAST(e.args->'Input Dims' AS VARCHAR)) "
         f"FROM events e JOIN runs r USING (run_id) WHERE name_key(e.name) = '{name}' AND r.rank IN ({rank}, {peer}) "
@@ -263,7 +298,7 @@ def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool
     )
 
 
-def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, causes, consistency, at):
+def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, causes, consistency, at, skew=None):
     run = ctx.run(slow.run_id)
     share = held / iteration
     peer = min(peers, key=lambda p: (abs(p.wait_ns - statistics.median(q.wait_ns for q in peers)), p.rank)).rank
@@ -274,7 +309,7 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
             f"{_others(peers).capitalize()} wait for rank {slow.rank}: {_cause_text(cause, slow.rank)}. "
             f"It waits {duration(slow.wait_ns)} per iteration in collectives, its peers a median "
             f"{duration(slow.wait_ns + held)}; it waited less than the others' median in {consistency.below} of "
-            f"{consistency.steps} iterations."
+            f"{consistency.steps} iterations." + (f" It is given more: {_skew_text(skew)}." if skew is not None else "")
         )
         title = (f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration "
                  f"({share:.1%}){collective}: {_cause_text(cause, slow.rank)}")  # fmt: skip
@@ -312,7 +347,7 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
         sql=_ranks.PER_RANK_WAITS_SQL,
         sql_params={"world_size": world_size},
         hypothesis=hypothesis,
-        next_experiment=_next_experiment(cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes)),
+        next_experiment=_next_experiment(cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes), skew),
         acceptance=rerun(
             "traces of every rank",
             f"the other ranks' wait_ns per iteration comes within {params['min_held_share']:.0%} of the iteration "
@@ -331,5 +366,6 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
             else None,
             "causes": causes[:5],
             "explained": cause is not None,
+            "input_skew": skew,
         },
     )

@@ -85,3 +85,27 @@ def test_the_cluster_path_gives_the_same_finding():
     found = [r for r in job.records if r["rule"] == "R005"]
     assert len(expected) == 1
     assert [(r["id"], r["title"]) for r in found] == [(f["id"], f["title"]) for f in expected]
+
+
+@pytest.mark.parametrize("world", ["w4", "w8"])
+@pytest.mark.parametrize("cell", ["hot_expert", "hot_expert_mild"])
+def test_the_straggler_finding_says_the_rank_is_given_more(loaded, world, cell):
+    """R001 names the hot rank the others wait for; with R005's answer at hand it says the rank gets
+    more input (the same op and ratio as R005) and asks for rebalancing, not for a shape comparison."""
+    con = loaded(*_files(EP / world, cell))
+    findings, _ = run_rules(con, ["R001", "R005"])
+    straggler = next(f for f in findings if f.rule == "R001")
+    imbalance = next(f for f in findings if f.rule == "R005")
+    assert straggler.locality["rank"] == imbalance.locality["rank"] == _cells(EP / world)[cell]["slow_rank"]
+    skew = straggler.extra["input_skew"]
+    assert skew["op"] == imbalance.locality["op"]
+    assert skew["work_ratio"] == imbalance.extra["work_ratio"]
+    assert "given more work" in straggler.next_experiment and "Compare `" not in straggler.next_experiment
+
+
+@pytest.mark.parametrize("cell", ["slow_compute", "slow_host", "late_start"])
+def test_a_straggler_given_the_same_input_keeps_the_comparison(loaded, cell):
+    con = loaded(*_files(RANKS, cell))
+    (straggler,) = run_rules(con, ["R001"])[0]
+    assert straggler.extra["input_skew"] is None
+    assert "given more" not in straggler.hypothesis
