@@ -155,3 +155,34 @@ def test_a_cursor_draws_no_progress_bar():
             finally:
                 cur.close()
     assert drawn is False or str(drawn).lower() == "false"
+
+
+RANK_SETS = {
+    "gloo": [sample("gloo_rank0.json.gz"), sample("gloo_rank1.json.gz")],
+    "ep_hot_expert": [sample(f"ep_hot_expert_rank{r}.json.gz") for r in range(4)],
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANK_SETS))
+def test_a_job_shares_its_rank_summaries_and_finds_the_same(name, monkeypatch):
+    """Where the database holds ranks of a job, the per-rank summaries the cross-rank rules read over
+    and over are tables too, with the rows the views give and the same findings."""
+    with tracekit.open(*RANK_SETS[name]) as trace:
+        con = trace._db.con
+        direct = {v: sorted(con.execute(f"SELECT * FROM {v}").fetchall()) for v in shared_views.RANK_VIEWS}
+        assert direct["rank_steps"] and direct["rank_op_times"]
+        with shared_views.computed_once(con) as shared:
+            assert set(shared_views.RANK_VIEWS) <= set(shared.views)
+            for view, expected in direct.items():
+                assert sorted(con.execute(f"SELECT * FROM {view}").fetchall()) == expected, view
+        found, _ = run_rules(con)
+        monkeypatch.setattr(shared_views, "RANK_VIEWS", ())
+        plain, _ = run_rules(con)
+    assert any(f.rule.startswith("R") for f in found)
+    assert _records(found) == _records(plain)
+
+
+def test_one_process_computes_no_rank_summary():
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        with shared_views.computed_once(trace._db.con) as shared:
+            assert not set(shared_views.RANK_VIEWS) & set(shared.views)
