@@ -16,7 +16,11 @@ time before its first traced work). The cause is named when it accounts for at l
 collective where the others wait most for that rank. When the cause is an op or kernel and the rank
 is given more input than its peers in some op (R005 load-imbalance's test at its default
 thresholds, over `rank_op_inputs`), the finding says so, and its next experiment is to even out the
-work instead of comparing the op's shapes and speed on two ranks.
+work instead of comparing the op's shapes and speed on two ranks. When instead the rank runs most
+of the ops it shares with every peer slower at the same calls per iteration (at least half of them,
+holding `uniform_share` of the peers' time in them, each at least `slower_ratio` slower), the
+finding says the rank's core or GPU is slower, not one op, and its next experiment is a fixed
+benchmark on that device.
 
 ## Why it matters
 A collective finishes when its last rank arrives, so every other rank of the job loses the late
@@ -44,7 +48,12 @@ the 2-rank gloo sample with an 8 ms host delay in `grad_sync` on rank 1, and the
 tensor-parallel sample (rank 1 arrives last at every all-reduce with no extra work: info). Over the
 matrix the healthy cell's least-waiting rank holds the others 3.1% of the iteration and nothing on it
 explains more than 38% of that; every injected straggler holds them 5.7-17% and its cause explains
-96-130%.
+96-130%. The expert-parallel matrix (tests/data/ep_matrix, 4 and 8 gloo ranks): the hot-expert
+cells are called given more input, in agreement with R005; in the 4-rank data-parallel cell, made
+before the script moved its ranks between cores, rank 3 runs 45 of its 54 ops (93% of the time)
+at least 1.1x slower, 1.23x in all: a slower core, reported as such (critical, 17.5%). No injected
+straggler of the rank matrix comes near that (at most 7% of the peers' time in slower ops with
+the same calls), nor the other balanced cells (at most 16%, or 2 ops of 15).
 
 ## Options
 - `min_held_share` (0.04): report a rank that holds the others back at least this share of the
@@ -56,6 +65,11 @@ explains more than 38% of that; every injected straggler holds them 5.7-17% and 
 - `min_steps` (3): iterations with collectives each rank needs before the ranks are compared.
 - `near_best` (0.8): among causes within this share of the largest, one that runs on this rank only
   is named first (the op added, not its parent).
+- `slower_ratio` (1.1): an op the rank runs as often as its peers counts as slower from this ratio of
+  its self time per iteration to the peers' median.
+- `uniform_share` (0.6): the rank is slower across the board when at least half of those ops are
+  slower and they hold this share of the peers' time (slower core: 0.93; injected stragglers and
+  balanced cells: 0.16 at most).
 """
 
 from __future__ import annotations
@@ -109,6 +123,26 @@ WHERE NOT (name LIKE 'gloo:%' OR name LIKE 'nccl:%' OR name LIKE 'c10d::%' OR na
 ORDER BY greatest(total_excess_ns, self_excess_ns) DESC, name LIMIT 5
 """
 
+# Per op of one layer that this rank and every peer run as often per iteration (collectives left out):
+# this rank's self time per iteration against its peers' median, summed; and the peers' time in the
+# ops where this rank's is at least $ratio times theirs. A rank slower in most of them, with the same
+# calls, computes on a slower core or GPU.
+SLOWDOWN_SQL = """
+WITH o AS (SELECT * FROM rank_op_times WHERE list_contains($run_ids, run_id) AND layer = $layer
+           AND NOT (name LIKE 'gloo:%' OR name LIKE 'nccl:%' OR name LIKE 'c10d::%' OR name = 'record_param_comms'
+                    OR name LIKE 'nccl%Kernel%')),
+per AS (SELECT name, max(self_per_step_ns) FILTER (WHERE rank = $rank) AS mine,
+               median(self_per_step_ns) FILTER (WHERE rank <> $rank) AS peers,
+               max(calls / steps) FILTER (WHERE rank = $rank) AS my_calls,
+               median(calls / steps) FILTER (WHERE rank <> $rank) AS peer_calls,
+               count(*) FILTER (WHERE rank <> $rank) AS n
+        FROM o GROUP BY name)
+SELECT count(*) AS ops, count(*) FILTER (WHERE mine >= $ratio * peers) AS slower_ops,
+       sum(mine) AS mine_ns, sum(peers) AS peers_ns,
+       coalesce(sum(peers) FILTER (WHERE mine >= $ratio * peers), 0) AS slower_peers_ns
+FROM per WHERE n = $peers AND mine IS NOT NULL AND peers > 0 AND my_calls = peer_calls
+"""
+
 # Per rank: mean lead-in, GPU idle and host time per steady step.
 STEP_PARTS_SQL = """
 SELECT rank, avg(lead_in_ns) AS lead_in_ns, avg(idle_ns) AS idle_ns, avg(host_ns) AS host_ns
@@ -133,6 +167,10 @@ DATA_LOADING = ("DataLoader", "dataloader", "_next_data", "__next__")
         "critical_share": Param(0.15, "critical when an explained straggler holds the others this share", "ratio"),
         "min_steps": Param(3, "iterations with collectives each rank needs", "count"),
         "near_best": Param(0.8, "causes within this share of the largest count as tied", "ratio"),
+        "slower_ratio": Param(1.1, "an op with the same calls counts as slower on the rank from this ratio", "ratio"),
+        "uniform_share": Param(
+            0.6, "the rank is slower across the board when ops of this share of its peers' time are slower", "ratio"
+        ),
     },
     example=Example(("gloo_rank0.json.gz", "gloo_rank1.json.gz")),
     scope="job",
@@ -159,8 +197,40 @@ def _job(con, ctx, params, world_size: int):
     consistency = rows(con, CONSISTENCY_SQL, where)[0]
     at = (rows(con, BY_COLLECTIVE_SQL, where) or [None])[0]
     skew = _input_skew(con, world_size, slow.rank) if explained and cause["kind"] in ("op", "kernel") else None
+    slower = (
+        _uniform_slowdown(con, params, run_ids, slow.rank, len(peers), cause["layer"])
+        if explained and skew is None and cause["kind"] in ("op", "kernel")
+        else None
+    )
     return _finding(ctx, params, world_size, slow, peers, held, iteration, cause if explained else None, causes,
-                    consistency, at, skew)  # fmt: skip
+                    consistency, at, skew, slower)  # fmt: skip
+
+
+def _uniform_slowdown(con, params, run_ids, rank: int, peers: int, layer: str) -> dict | None:
+    """How much slower the rank runs the ops it shares with every peer at the same calls per
+    iteration, when most of them are slower (at least half of them, holding `uniform_share` of the
+    peers' time in them, at least `slower_ratio` slower): the rank's core or GPU is slower, whichever
+    op grew most."""
+    r = rows(con, SLOWDOWN_SQL, {"run_ids": run_ids, "rank": rank, "layer": layer, "peers": peers,
+                                 "ratio": params["slower_ratio"]})[0]  # fmt: skip
+    if not r.ops or not r.peers_ns:
+        return None
+    ratio, share = r.mine_ns / r.peers_ns, r.slower_peers_ns / r.peers_ns
+    # most ops by count too: two large ops slower with the same shapes may be a kernel or algorithm
+    # choice on that rank, which the comparison of those ops tells
+    if ratio < params["slower_ratio"] or share < params["uniform_share"] or 2 * r.slower_ops < r.ops:
+        return None
+    return {"ratio": round(ratio, 2), "slower_share": round(share, 2), "ops": int(r.ops),
+            "slower_ops": int(r.slower_ops), "layer": layer, "at_least": params["slower_ratio"]}  # fmt: skip
+
+
+def _slowdown_text(slower: dict, rank: int, device: str) -> str:
+    return (
+        f"rank {rank} runs its {'kernels' if slower['layer'] == 'gpu' else 'ops'} {slower['ratio']:.2f}x slower "
+        f"than its peers with the same calls ({slower['slower_ops']} of {slower['ops']}, holding "
+        f"{slower['slower_share']:.0%} of the peers' time in them, at least {slower['at_least']:g}x slower): a "
+        f"slower {device}"
+    )
 
 
 def _input_skew(con, world_size: int, rank: int) -> dict | None:
@@ -250,7 +320,9 @@ def _others(peers) -> str:
     return "the other rank" if len(peers) == 1 else f"the other {len(peers)} ranks"
 
 
-def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool, skew: dict | None = None) -> str:
+def _next_experiment(
+    cause: dict | None, rank: int, peer: int, context_gpu: bool, skew: dict | None = None, slower: dict | None = None
+) -> str:
     if cause is None:
         return (
             f"Check whether the ranks do the same work: compare rank {rank}'s and rank {peer}'s `rank_steps` "
@@ -284,6 +356,19 @@ def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool
             "(the router's balance loss or capacity factor where experts are routed, else the sampler or the "
             f"sharding); R005 load-imbalance's finding on rank {rank} carries the per-rank input query."
         )
+    if slower is not None:
+        device = "GPU" if context_gpu else "core"
+        checks = (
+            "its clocks and throttling (`nvidia-smi -q -d CLOCK,PERFORMANCE`), its PCIe/NUMA placement and other "
+            "processes on it"
+            if context_gpu
+            else "its placement (`taskset -p <pid>`, NUMA), frequency and other processes on that host"
+        )
+        return (
+            f"Time one fixed piece of work (the step's largest matmul in a loop) on rank {rank}'s {device} and on "
+            f"rank {peer}'s: if it is slower there, check {checks}; move rank {rank} to another {device} and see "
+            "whether the slowness follows the device or the rank."
+        )
     compare = (
         f"SELECT r.rank, e.name, count(*), avg(e.dur_ns), any_value(CAST(e.args->'Input Dims' AS VARCHAR)) "
         f"FROM events e JOIN runs r USING (run_id) WHERE name_key(e.name) = '{name}' AND r.rank IN ({rank}, {peer}) "
@@ -298,21 +383,31 @@ def _next_experiment(cause: dict | None, rank: int, peer: int, context_gpu: bool
     )
 
 
-def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, causes, consistency, at, skew=None):
+def _finding(
+    ctx, params, world_size, slow, peers, held, iteration, cause, causes, consistency, at, skew=None, slower=None
+):
     run = ctx.run(slow.run_id)
     share = held / iteration
     peer = min(peers, key=lambda p: (abs(p.wait_ns - statistics.median(q.wait_ns for q in peers)), p.rank)).rank
     collective = f" at {at.collective}" if at is not None and at.collective else ""
+    device = "GPU" if any(c["kind"] == "gpu_idle" for c in causes) else "core"
     if cause is not None:
         severity = "critical" if share >= params["critical_share"] else "warning"
         hypothesis = (
             f"{_others(peers).capitalize()} wait for rank {slow.rank}: {_cause_text(cause, slow.rank)}. "
             f"It waits {duration(slow.wait_ns)} per iteration in collectives, its peers a median "
             f"{duration(slow.wait_ns + held)}; it waited less than the others' median in {consistency.below} of "
-            f"{consistency.steps} iterations." + (f" It is given more: {_skew_text(skew)}." if skew is not None else "")
+            f"{consistency.steps} iterations."
+            + (f" It is given more: {_skew_text(skew)}." if skew is not None else "")
+            + (f" Not one op: {_slowdown_text(slower, slow.rank, device)}." if slower is not None else "")
         )
         title = (f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration "
                  f"({share:.1%}){collective}: {_cause_text(cause, slow.rank)}")  # fmt: skip
+        if slower is not None:
+            title = (f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration "
+                     f"({share:.1%}){collective}: it runs its {'kernels' if slower['layer'] == 'gpu' else 'ops'} "
+                     f"{slower['ratio']:.2f}x slower than its peers with the same calls, most of all `{cause['name']}` "
+                     f"(+{duration(cause['excess_ns'])} per iteration)")  # fmt: skip
     else:
         severity = "info"
         idle = next((c for c in causes if c["kind"] == "gpu_idle"), None)
@@ -347,7 +442,9 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
         sql=_ranks.PER_RANK_WAITS_SQL,
         sql_params={"world_size": world_size},
         hypothesis=hypothesis,
-        next_experiment=_next_experiment(cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes), skew),
+        next_experiment=_next_experiment(
+            cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes), skew, slower
+        ),
         acceptance=rerun(
             "traces of every rank",
             f"the other ranks' wait_ns per iteration comes within {params['min_held_share']:.0%} of the iteration "
@@ -367,5 +464,6 @@ def _finding(ctx, params, world_size, slow, peers, held, iteration, cause, cause
             "causes": causes[:5],
             "explained": cause is not None,
             "input_skew": skew,
+            "uniform_slowdown": slower,
         },
     )

@@ -133,3 +133,54 @@ def test_a_late_rank_that_does_no_more_work_is_only_info(loaded):
 
 def test_single_rank_traces_are_left_alone(loaded):
     assert _r001(loaded(sample("gloo_rank0.json.gz"))) == []
+
+
+EP = ROOT / "tests" / "data" / "ep_matrix"
+
+
+def _ep_files(world: str, cell: str):
+    cells = {c["name"]: c for c in json.loads((EP / world / "cells.json").read_text())["cells"]}
+    return [EP / world / f for f in cells[cell]["files"]]
+
+
+def _per_step(con, rank: int, name: str) -> float:
+    return con.execute(
+        "SELECT per_step_ns FROM rank_op_times WHERE rank = ? AND name = ? AND layer = 'host'", [rank, name]
+    ).fetchone()[0]
+
+
+def test_a_rank_slower_in_every_op_is_called_a_slower_core(loaded):
+    """The four-rank data-parallel cell of the expert-parallel matrix, made before its ranks moved
+    between cores: rank 3 ran on a slower core of the shared host, its forward and backward (the same
+    calls and shapes as its peers) each about 1.2x theirs. The finding says the rank is slower
+    across the board, not that one op grew, and asks for a fixed benchmark on that core."""
+    con = loaded(*_ep_files("w4", "healthy"))
+    (f,) = _r001(con)
+    rank = f.locality["rank"]
+    slower = f.extra["uniform_slowdown"]
+    assert slower is not None and slower["layer"] == "host"
+    for op in ("forward", "backward"):  # recomputed from the summary, op by op
+        peers = statistics.median(_per_step(con, r, op) for r in range(4) if r != rank)
+        assert _per_step(con, rank, op) / peers >= 1.15
+    assert 1.1 <= slower["ratio"] <= 1.4
+    assert 2 * slower["slower_ops"] >= slower["ops"] and slower["slower_share"] >= 0.6
+    assert f"runs its ops {slower['ratio']:.2f}x slower" in f.title
+    assert "fixed piece of work" in f.next_experiment and "Compare `" not in f.next_experiment
+    # a stricter ratio: the same finding, with the one op that grew and the comparison again
+    (strict,) = _r001(con, slower_ratio=1.5)
+    assert strict.extra["uniform_slowdown"] is None and "Compare `" in strict.next_experiment
+
+
+@pytest.mark.parametrize("cell", SLOW, ids=[c["name"] for c in SLOW])
+def test_a_straggler_of_one_kind_is_not_a_slower_core(cell, loaded):
+    # extra compute in an op of its own, data loading, a late start: its other ops run as fast
+    con = loaded(*[MATRIX / f for f in cell["files"]])
+    assert all(f.extra["uniform_slowdown"] is None for f in _r001(con))
+
+
+@pytest.mark.parametrize(("world", "cell"), [("w4", "ep_balanced"), ("w8", "healthy"), ("w8", "ep_balanced")])
+def test_a_rank_slower_in_a_few_ops_keeps_the_comparison(world, cell, loaded):
+    con = loaded(*_ep_files(world, cell))
+    for f in _r001(con):
+        assert f.extra["uniform_slowdown"] is None
+        assert "Compare `" in f.next_experiment
