@@ -16,7 +16,7 @@ from importlib import resources
 
 from tracekit.db.names import name_key
 
-FINDING_SCHEMA_VERSION = "1.0"
+FINDING_SCHEMA_VERSION = "1.1"
 SEVERITIES = ("info", "warning", "critical")
 SEVERITY_RANK = {s: i for i, s in enumerate(SEVERITIES)}
 
@@ -25,6 +25,7 @@ LOCALITY_KEYS = (
     "run_id",
     "run_label",
     "rank",
+    "link",
     "pid",
     "tid",
     "thread_name",
@@ -115,7 +116,19 @@ class Finding:
 
 # Locality keys that describe *where*, used for the stable id. Windows and step numbers move from run
 # to run; labels and run ids name the file, not the problem.
-_ID_KEYS = ("rank", "device", "stream", "thread_name", "kernel", "op", "input_shapes", "code_path", "launch", "step")
+_ID_KEYS = (
+    "rank",
+    "link",
+    "device",
+    "stream",
+    "thread_name",
+    "kernel",
+    "op",
+    "input_shapes",
+    "code_path",
+    "launch",
+    "step",
+)
 # Kineto names threads "thread 4830 (kv_transfer)": the OS thread id changes every run, the name does not.
 _OS_TID = re.compile(r"\bthread \d+\s*")
 # Host-side names: annotations, ops, frames and step names may carry per-run ids. Kernel names come from

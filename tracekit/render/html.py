@@ -448,7 +448,12 @@ def _table(headers: list[str], rows: list[list], numeric: set[int] = frozenset()
 
 
 def _where(loc: dict) -> str:
-    parts = []
+    link = loc.get("link")
+    parts = (
+        [f"link rank {link['src_rank']} -> rank {link['dst_rank']} {link.get('transport') or ''}".rstrip()]
+        if link
+        else []
+    )
     for key, label in (("run_label", ""), ("rank", "rank "), ("device", "GPU "), ("stream", "stream "),
                        ("thread_name", ""), ("op", "op "), ("kernel", "kernel "), ("step", "step ")):  # fmt: skip
         if loc.get(key) is not None:

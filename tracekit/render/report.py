@@ -18,7 +18,11 @@ REPORT_FORMATS = ("text", "json", "markdown")
 
 def _where(loc: dict) -> str:
     parts = []
-    if loc.get("rank") is not None:
+    link = loc.get("link")
+    if link:
+        parts.append(f"link rank {link['src_rank']} -> rank {link['dst_rank']}"
+                     + (f" ({link['transport']})" if link.get("transport") else ""))  # fmt: skip
+    elif loc.get("rank") is not None:
         parts.append(f"rank {loc['rank']}")
     elif loc.get("run_label"):
         parts.append(loc["run_label"])

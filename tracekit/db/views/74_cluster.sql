@@ -40,6 +40,40 @@ FROM run_metrics
 WHERE starts_with(name, 'cluster_step.')
 GROUP BY run_id, TRY_CAST(args->>'step' AS BIGINT), TRY_CAST(args->>'rank' AS INTEGER);
 
+-- Per (run, group, step, op, link): what msprof-analyze's communication matrix measured on one
+-- src -> dst link (`cluster_link.*` run_metrics): the data it moved, the time it took and the
+-- bandwidth, with the link's transport (HCCS, PCIE, RDMA, SIO; LOCAL for a rank's copy to itself).
+CREATE OR REPLACE VIEW cluster_links(
+    -- the run (one cluster analysis of the whole job)
+    run_id,
+    -- the communication group, as msprof-analyze names it (its ranks, e.g. `(0,1,2,3)`)
+    process_group,
+    -- the step, as msprof-analyze numbers it
+    step,
+    -- the op or op class the matrix row is for (`allreduce-total`, `broadcast-top1`, an op name)
+    op,
+    -- the sending rank
+    src_rank,
+    -- the receiving rank
+    dst_rank,
+    -- the link's transport
+    transport,
+    -- megabytes moved over the link (msprof-analyze's transit size, MB)
+    transit_mb,
+    -- time the transfer took
+    transit_ns,
+    -- achieved bandwidth, GB/s (msprof-analyze's own figure)
+    bandwidth_gbps
+) AS
+SELECT run_id, args->>'group', TRY_CAST(args->>'step' AS BIGINT), args->>'op',
+       TRY_CAST(args->>'src_rank' AS INTEGER), TRY_CAST(args->>'dst_rank' AS INTEGER), args->>'transport',
+       max(value) FILTER (WHERE name = 'cluster_link.transit_size_mb'),
+       max(value) FILTER (WHERE name = 'cluster_link.transit_time_ns'),
+       max(value) FILTER (WHERE name = 'cluster_link.bandwidth_gbps')
+FROM run_metrics
+WHERE starts_with(name, 'cluster_link.')
+GROUP BY ALL;
+
 -- One row per rank of a job: its mean time per iteration in the three parts a step splits into
 -- on every rank (the split msprof-analyze's step trace uses, so the profiler's own cluster summary
 -- and tracekit's traces compare alike): computing, communication not hidden behind computing, and
