@@ -32,8 +32,8 @@ The expert-parallel matrix at 4 and 8 gloo ranks (tests/data/ep_matrix, made on 
 machine's CPU cores): `hot_expert` (3.7x and 8.6x the median rank's elements) and `hot_expert_mild`
 (35% of the tokens to one expert: 1.6x and 3.8x) are reported on the hot rank, naming the expert's
 `aten::linear`; `ep_balanced` and the data-parallel `healthy` cells (the same shapes everywhere) are
-quiet (R001 reports rank 3 of the 4-rank `healthy` cell, which ran on a slower core of the shared
-host, as slower in every op, not given more); so is the eight-rank
+quiet, and so is the 4-rank `slower_core` cell (R001 reports its rank 3, which ran on a slower core
+of the shared host, as slower in every op, not given more); so is the eight-rank
 gloo rank matrix (stragglers from extra compute in an op of one rank only, data loading and late
 starts: more time, the same shapes) (tests/test_rule_load_imbalance.py). The corpus holds no
 multi-rank job whose ranks record shapes of the same ops.

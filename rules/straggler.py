@@ -12,7 +12,9 @@ the median of its peers: a named op, annotation or kernel that takes longer per 
 (`rank_op_times`: its total time, or its self time, which is host time inside it outside any traced
 op and outside waiting for a collective), or a late start of its iterations (`rank_steps.lead_in_ns`:
 time before its first traced work). The cause is named when it accounts for at least
-`explain_share` of the time held; the finding lists the next candidates too. It names the
+`explain_share` of the time held; the finding lists the next candidates too. A rank that holds
+the others back on average but not steadily (the held time's mean over its standard error across
+iterations under `min_t`) is reported at info, as possible noise. It names the
 collective where the others wait most for that rank. When the cause is an op or kernel and the rank
 is given more input than its peers in some op (R005 load-imbalance's test at its default
 thresholds, over `rank_op_inputs`), the finding says so, and its next experiment is to even out the
@@ -49,11 +51,16 @@ tensor-parallel sample (rank 1 arrives last at every all-reduce with no extra wo
 matrix the healthy cell's least-waiting rank holds the others 3.1% of the iteration and nothing on it
 explains more than 38% of that; every injected straggler holds them 5.7-17% and its cause explains
 96-130%. The expert-parallel matrix (tests/data/ep_matrix, 4 and 8 gloo ranks): the hot-expert
-cells are called given more input, in agreement with R005; in the 4-rank data-parallel cell, made
-before the script moved its ranks between cores, rank 3 runs 45 of its 54 ops (93% of the time)
-at least 1.1x slower, 1.23x in all: a slower core, reported as such (critical, 17.5%). No injected
-straggler of the rank matrix comes near that (at most 7% of the peers' time in slower ops with
-the same calls), nor the other balanced cells (at most 16%, or 2 ops of 15).
+cells are called given more input, in agreement with R005; in the 4-rank `slower_core` cell (a
+data-parallel run made before the script moved its ranks between cores) rank 3 runs 45 of its 54
+ops (93% of the time) at least 1.1x slower, 1.23x in all: a slower core, reported as such
+(critical, 17.5%). No injected straggler of the rank matrix comes near that (at most 7% of the
+peers' time in slower ops with the same calls), nor a balanced cell (at most 16%, or 2 ops of 15).
+Whether the time held is steady or noise: over the iterations, its mean divided by its standard
+error (t) is 2.3-6.4 for the rank matrix's injected stragglers (the weakest: 10% extra compute and a
+2 ms late start), 11-36 for the hot experts and 10.6 for the slower core, but 1.1-2.1 on the
+healthy and balanced cells whose ranks moved between cores (a few iterations' spikes on a shared
+host); those are held at info, and say so.
 
 ## Options
 - `min_held_share` (0.04): report a rank that holds the others back at least this share of the
@@ -65,6 +72,9 @@ the same calls), nor the other balanced cells (at most 16%, or 2 ops of 15).
 - `min_steps` (3): iterations with collectives each rank needs before the ranks are compared.
 - `near_best` (0.8): among causes within this share of the largest, one that runs on this rank only
   is named first (the op added, not its parent).
+- `min_t` (2.2): the time held per iteration, mean over standard error, that a warning or critical
+  needs; below it the finding is info and asks for more iterations (noise: 2.1 at most; injected
+  stragglers: 2.3 at least).
 - `slower_ratio` (1.1): an op the rank runs as often as its peers counts as slower from this ratio of
   its self time per iteration to the peers' median.
 - `uniform_share` (0.6): the rank is slower across the board when at least half of those ops are
@@ -74,6 +84,7 @@ the same calls), nor the other balanced cells (at most 16%, or 2 ops of 15).
 
 from __future__ import annotations
 
+import math
 import statistics
 
 from tracekit.engine.phrases import rerun
@@ -84,13 +95,15 @@ from tracekit.rules import _inputs, _ranks
 from tracekit.units import duration
 
 # In how many iterations the rank waited less than the median of the other ranks in the same
-# iteration: near 1 for a rank that is late every time, about half for noise.
+# iteration (near 1 for a rank that is late every time, about half for noise), and the time it held
+# them back per iteration: its mean and standard deviation over the iterations.
 CONSISTENCY_SQL = """
 WITH s AS (SELECT * FROM rank_step_waits WHERE collectives > 0 AND list_contains($run_ids, run_id)
            QUALIFY phase = 'steady' OR count(*) FILTER (WHERE phase = 'steady') OVER (PARTITION BY run_id) = 0),
 o AS (SELECT a.step_index, a.wait_ns, median(b.wait_ns) AS others FROM s a
       JOIN s b ON a.step_index = b.step_index AND a.rank <> b.rank WHERE a.rank = $rank GROUP BY ALL)
-SELECT count(*) FILTER (WHERE wait_ns < others) AS below, count(*) AS steps FROM o
+SELECT count(*) FILTER (WHERE wait_ns < others) AS below, count(*) AS steps,
+       avg(others - wait_ns) AS held_mean, stddev_samp(others - wait_ns) AS held_sd FROM o
 """
 
 # Per collective (group, name): how much longer the other ranks wait in it per iteration than this rank.
@@ -167,6 +180,9 @@ DATA_LOADING = ("DataLoader", "dataloader", "_next_data", "__next__")
         "critical_share": Param(0.15, "critical when an explained straggler holds the others this share", "ratio"),
         "min_steps": Param(3, "iterations with collectives each rank needs", "count"),
         "near_best": Param(0.8, "causes within this share of the largest count as tied", "ratio"),
+        "min_t": Param(
+            2.2, "the held time's mean over its standard error across iterations a warning needs; below, info", "ratio"
+        ),
         "slower_ratio": Param(1.1, "an op with the same calls counts as slower on the rank from this ratio", "ratio"),
         "uniform_share": Param(
             0.6, "the rank is slower across the board when ops of this share of its peers' time are slower", "ratio"
@@ -204,6 +220,25 @@ def _job(con, ctx, params, world_size: int):
     )
     return _finding(ctx, params, world_size, slow, peers, held, iteration, cause if explained else None, causes,
                     consistency, at, skew, slower)  # fmt: skip
+
+
+def _steadiness(consistency) -> float:
+    """The time held per iteration, its mean over its standard error: how far from noise it is. A
+    rank that holds the others back by the same amount every iteration scores high; one whose mean
+    comes from a few spikes scores low."""
+    if not consistency.steps or consistency.held_mean is None:
+        return 0.0
+    if not consistency.held_sd:
+        return float("inf") if consistency.held_mean > 0 else 0.0
+    return consistency.held_mean / (consistency.held_sd / math.sqrt(consistency.steps))
+
+
+def _noise_text(consistency, t: float, params) -> str:
+    return (
+        f" But not steadily: per iteration it holds them back {duration(consistency.held_mean)} on average with a "
+        f"standard deviation of {duration(consistency.held_sd)} over {consistency.steps} iterations (t = {t:.1f}, "
+        f"under {params['min_t']:g}): as likely timing noise of the host as a straggler."
+    )
 
 
 def _uniform_slowdown(con, params, run_ids, rank: int, peers: int, layer: str) -> dict | None:
@@ -388,11 +423,14 @@ def _finding(
 ):
     run = ctx.run(slow.run_id)
     share = held / iteration
+    t = _steadiness(consistency)
     peer = min(peers, key=lambda p: (abs(p.wait_ns - statistics.median(q.wait_ns for q in peers)), p.rank)).rank
     collective = f" at {at.collective}" if at is not None and at.collective else ""
     device = "GPU" if any(c["kind"] == "gpu_idle" for c in causes) else "core"
     if cause is not None:
         severity = "critical" if share >= params["critical_share"] else "warning"
+        if t < params["min_t"]:
+            severity = "info"  # on average it holds them back, but no more steadily than noise does
         hypothesis = (
             f"{_others(peers).capitalize()} wait for rank {slow.rank}: {_cause_text(cause, slow.rank)}. "
             f"It waits {duration(slow.wait_ns)} per iteration in collectives, its peers a median "
@@ -400,6 +438,7 @@ def _finding(
             f"{consistency.steps} iterations."
             + (f" It is given more: {_skew_text(skew)}." if skew is not None else "")
             + (f" Not one op: {_slowdown_text(slower, slow.rank, device)}." if slower is not None else "")
+            + (_noise_text(consistency, t, params) if t < params["min_t"] else "")
         )
         title = (f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration "
                  f"({share:.1%}){collective}: {_cause_text(cause, slow.rank)}")  # fmt: skip
@@ -429,10 +468,11 @@ def _finding(
         )
         title = (f"Rank {slow.rank} arrives last{collective}: {_others(peers)} wait {duration(held)} "
                  f"per iteration ({share:.1%}) for it, with no extra work of its own found")  # fmt: skip
+    steady = t >= params["min_t"]
     return Finding(
         rule="R001",
         severity=severity,
-        confidence=min(0.95, 0.5 + 0.5 * consistency.below / max(consistency.steps, 1)),
+        confidence=min(0.95, 0.5 + 0.5 * consistency.below / max(consistency.steps, 1)) * (1 if steady else 0.5),
         title=title,
         locality=locality(run, **_where(cause)),
         observed=Quantity(int(held), "ns", "median of the other ranks' wait per iteration minus this rank's"),
@@ -442,8 +482,14 @@ def _finding(
         sql=_ranks.PER_RANK_WAITS_SQL,
         sql_params={"world_size": world_size},
         hypothesis=hypothesis,
-        next_experiment=_next_experiment(
-            cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes), skew, slower
+        next_experiment=(
+            _next_experiment(cause, slow.rank, peer, any(c["kind"] == "gpu_idle" for c in causes), skew, slower)
+            if steady or cause is None
+            else (
+                f"Profile more steady iterations (50 or more) and see whether rank {slow.rank} stays the last to "
+                "arrive; the evidence query gives each rank's wait per iteration. On a shared host, pin each rank "
+                "to its own cores first."
+            )
         ),
         acceptance=rerun(
             "traces of every rank",
@@ -458,6 +504,8 @@ def _finding(
             "held_ns": int(held),
             "wait_ns_by_rank": {str(r.rank): int(r.wait_ns) for r in sorted([slow, *peers], key=lambda r: r.rank)},
             "waited_less_than_peers": [int(consistency.below), int(consistency.steps)],
+            "held_t": round(t, 2) if t != float("inf") else None,
+            "held_sd_ns": int(consistency.held_sd or 0),
             "collective": {"process_group": at.process_group, "collective": at.collective, "held_ns": int(at.held_ns)}
             if at is not None
             else None,

@@ -150,11 +150,12 @@ def _per_step(con, rank: int, name: str) -> float:
 
 
 def test_a_rank_slower_in_every_op_is_called_a_slower_core(loaded):
-    """The four-rank data-parallel cell of the expert-parallel matrix, made before its ranks moved
-    between cores: rank 3 ran on a slower core of the shared host, its forward and backward (the same
-    calls and shapes as its peers) each about 1.2x theirs. The finding says the rank is slower
-    across the board, not that one op grew, and asks for a fixed benchmark on that core."""
-    con = loaded(*_ep_files("w4", "healthy"))
+    """The four-rank data-parallel run of the expert-parallel matrix made before its ranks moved
+    between cores (cell `slower_core`): rank 3 ran on a slower core of the shared host, its forward
+    and backward (the same calls and shapes as its peers) each about 1.2x theirs. The finding says
+    the rank is slower across the board, not that one op grew, and asks for a fixed benchmark on
+    that core."""
+    con = loaded(*_ep_files("w4", "slower_core"))
     (f,) = _r001(con)
     rank = f.locality["rank"]
     slower = f.extra["uniform_slowdown"]
@@ -178,9 +179,24 @@ def test_a_straggler_of_one_kind_is_not_a_slower_core(cell, loaded):
     assert all(f.extra["uniform_slowdown"] is None for f in _r001(con))
 
 
-@pytest.mark.parametrize(("world", "cell"), [("w4", "ep_balanced"), ("w8", "healthy"), ("w8", "ep_balanced")])
-def test_a_rank_slower_in_a_few_ops_keeps_the_comparison(world, cell, loaded):
+@pytest.mark.parametrize("world", ["w4", "w8"])
+@pytest.mark.parametrize("cell", ["healthy", "ep_balanced"])
+def test_noise_on_healthy_runs_is_at_most_info(world, cell, loaded):
+    """The data-parallel and balanced expert-parallel cells, every rank moving between the host's
+    cores: the least-waiting rank holds the others back a few percent on average, from a few
+    iterations' spikes (t = 1.1-2.1); the finding, if any, is info and says it may be noise."""
     con = loaded(*_ep_files(world, cell))
     for f in _r001(con):
-        assert f.extra["uniform_slowdown"] is None
-        assert "Compare `" in f.next_experiment
+        assert f.severity == "info"
+        assert f.extra["held_t"] is None or f.extra["held_t"] < 2.2
+        assert "noise" in f.hypothesis and "more steady iterations" in f.next_experiment
+
+
+@pytest.mark.parametrize("cell", SLOW, ids=[c["name"] for c in SLOW])
+def test_every_injected_straggler_is_steady(cell, loaded):
+    # the weakest (a 2 ms late start, 10% extra compute) still hold the others back steadily
+    con = loaded(*[MATRIX / f for f in cell["files"]])
+    (f,) = [f for f in _r001(con) if f.locality["rank"] == cell["slow_rank"]]
+    assert f.extra["held_t"] is None or f.extra["held_t"] >= 2.2
+    # the evidence: per iteration, the median of the other ranks' waits minus this rank's
+    assert f.severity in ("warning", "critical")
