@@ -213,3 +213,18 @@ def test_without_on_error_the_first_bad_input_ends_the_call(tmp_path):
     with pytest.raises(TracekitError, match="gone.json.*ingested and kept: gpu_tp2_rank0"):
         ingest(con, [RANK0, missing, RANK1])
     assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+
+
+def test_run_ids_stay_above_rows_written_without_the_sequence(tmp_path):
+    """A run row written by hand (or by a tracekit before the run id sequence) above the sequence's
+    next value: an ingest of several files in one call, which looks for such rows once, gives every
+    new run an id above it, and none twice."""
+    path = tmp_path / "held.duckdb"
+    con = db.connect(str(path))
+    ingest(con, [RANK0])
+    con.execute("INSERT INTO runs (run_id, source) VALUES (40, 'written by hand')")
+    results = ingest(con, [RANK1, DEMO_TRACE], same_content="keep")
+    ids = [r.run_id for r in results]
+    assert ids == sorted(ids) and min(ids) > 40 and len(set(ids)) == len(ids)
+    held = [r for (r,) in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+    assert held == [1, 40, *ids]

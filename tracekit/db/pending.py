@@ -28,23 +28,29 @@ def ensure_sequence(con) -> None:
         con.execute(f"CREATE SEQUENCE run_ids START {_max_run_id(con) + 1}")
 
 
-def take_run_ids(con, count: int = 1) -> list[int]:
+def take_run_ids(con, count: int = 1, floor: int | None = None) -> list[int]:
     """`count` run ids no run has used, nor will: a sequence's value is committed at once, so two
-    ingests at the same time, or one after a killed one, never share an id."""
+    ingests at the same time, or one after a killed one, never share an id. Ids come above every
+    run id the tables hold, rows written without the sequence included (an older tracekit, or by
+    hand); `floor`, when given, stands for that largest id: reading it costs a look at every table
+    (4 ms a file on a fresh database), so an ingest of many files looks once and then counts on from
+    the ids it gave, since while it holds the database nothing else writes to it."""
     ensure_sequence(con)
     ids = [con.execute("SELECT nextval('run_ids')").fetchone()[0] for _ in range(count)]
-    floor = _max_run_id(con)
+    floor = _max_run_id(con) if floor is None else floor
     if ids[0] <= floor:  # rows written without the sequence (an older tracekit, or by hand)
         ids = [floor + 1 + i for i in range(count)]
     return ids
 
 
-def begin(con, source: str, count: int = 1) -> list[int]:
+def begin(con, source: str, count: int = 1, floor: int | None = None, database: str | None = None) -> list[int]:
     """Run ids for an ingest (or copy) of `source`, recorded in `ingest_pending` (committed) before
-    any of their rows."""
+    any of their rows. `floor`: see take_run_ids; `database`: database_file(con), when the caller
+    knows it."""
     from datetime import datetime, timezone
 
-    run_ids, database = take_run_ids(con, count), database_file(con)
+    run_ids = take_run_ids(con, count, floor)
+    database = database_file(con) if database is None else database
     with _LIVE_LOCK:
         _LIVE.update((database, r) for r in run_ids)
     now = datetime.now(timezone.utc).replace(tzinfo=None)

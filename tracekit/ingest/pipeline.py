@@ -8,7 +8,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit import compression, tempfiles
@@ -214,6 +214,8 @@ def _ingest_all(
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
     units = plan([i.path for i in inputs], readers=[i.reader for i in inputs])
     units, replaced = _without_duplicates(con, inputs, units, same_content, duplicates)
+    # rows written without the run id sequence are looked for once per call (tracekit.db.pending)
+    ids = _RunIds(pending.database_file(con))
     with ThreadPoolExecutor(max_workers=1) as pool:
         reads = _Reads(pool, inputs, [first for first, _ in units], options, progress)
         try:
@@ -226,7 +228,7 @@ def _ingest_all(
                     started = time.perf_counter()  # the logs' own time is theirs
                     parts.append(reads.get(first))
                     run_results = _ingest_run(
-                        con, parts[-1], parts[:-1], rank, label, started, align, offsets, replaced.get(first, [])
+                        con, parts[-1], parts[:-1], rank, label, started, align, offsets, replaced.get(first, []), ids
                     )
                     results += run_results
                 except Exception as e:
@@ -325,15 +327,36 @@ def _read(item: Input, options: dict) -> Part:
     return Part(item, export, time.perf_counter() - started)
 
 
+@dataclass
+class _RunIds:
+    """How one ingest call takes its run ids: the database's path, and the largest run id in it once
+    known (the tables are read for it before the first run only: see pending.take_run_ids)."""
+
+    database: str
+    floor: int | None = None
+    # the ids of the run begun last: the list itself, to which a file split by process (an Nsight
+    # Systems export of several ranks) adds the ids of its other runs
+    last: list[int] = field(default_factory=list)
+
+    def begin(self, con, source: str) -> list[int]:
+        if self.floor is not None and self.last:
+            self.floor = max(self.floor, *self.last)
+        run_ids = pending.begin(con, source, floor=self.floor, database=self.database)
+        if self.floor is None:
+            self.floor = max(run_ids)
+        self.last = run_ids
+        return run_ids
+
+
 def _ingest_run(
-    con, main: Part, logs: list[Part], rank, label, started, align, offsets, replaces: list[int]
+    con, main: Part, logs: list[Part], rank, label, started, align, offsets, replaces: list[int], ids: _RunIds
 ) -> list[IngestResult]:
     """One run: its files' rows in one transaction, then what is derived from them in another (see
     transaction.py), which also deletes the runs it `replaces` (`--replace`); a failure anywhere leaves
     none of it behind, and a kill leaves an `ingest_pending` row by which the next open removes the rest
     (tracekit.db.pending)."""
     kill_points.reached("read")
-    run_ids = pending.begin(con, str(main.export.source))
+    run_ids = ids.begin(con, str(main.export.source))
     try:
         with run_or_nothing(con, run_ids):
             offset = offsets.get(main.input.path, 0)
