@@ -186,3 +186,25 @@ def test_one_process_computes_no_rank_summary():
     with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
         with shared_views.computed_once(trace._db.con) as shared:
             assert not set(shared_views.RANK_VIEWS) & set(shared.views)
+
+
+def test_a_rule_that_crashes_is_a_note_and_the_others_still_report(monkeypatch):
+    """A rule's own bug on some input (a Python exception, not DuckDB's) costs that rule only: the
+    report says it failed, where, and that it is a bug, and every other rule's findings stay."""
+    from tracekit.engine.registry import get_rule
+
+    with tracekit.open(sample("gpu_prefill_decode_eager.json.gz")) as trace:
+        con = trace._db.con
+        expected, _ = run_rules(con)
+        victim = get_rule("G001")
+
+        def broken(con, params, ctx):
+            yield from ()
+            raise TypeError("missing 1 required positional argument: 'window_ns'")
+
+        monkeypatch.setattr(victim, "check", broken)
+        found, notes = run_rules(con)
+    assert _records(found) == _records([f for f in expected if f.rule != "G001"])
+    (note,) = [n for n in notes if n.rule == "G001"]
+    assert "failed (a tracekit bug" in note.message and "TypeError" in note.message
+    assert "test_shared_views.py:" in note.message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from tracekit.db.connection import thread_budget
 from tracekit.engine import quality
@@ -161,6 +162,15 @@ def _on_threads(con, shared, ctx, tasks, threads: int, timings, then):
     return results
 
 
+def _crash(e: BaseException) -> str:
+    """An unexpected exception in one line: its type, message and the frame that raised it."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}{where}"
+
+
 def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, present) -> tuple[list, list]:
     import duckdb
 
@@ -172,5 +182,7 @@ def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, present) ->
         produced = list(rule.check(con, values, ctx))
     except duckdb.Error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
         return [], [DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}")]
+    except Exception as e:  # a rule's bug on some input: the report goes on with the other rules
+        return [], [DataQuality(rule.code, f"{rule.name} failed (a tracekit bug; please report): {_crash(e)}")]
     findings = [item for item in produced if not isinstance(item, DataQuality)]
     return findings, [item for item in produced if isinstance(item, DataQuality)]
