@@ -40,11 +40,17 @@ WHERE r.world_size = $world_size
 NEST_TOLERANCE = 0.05
 
 
-def heavy_inputs(con, world_size: int, params: dict = DEFAULTS) -> tuple[float | None, dict]:
+def heavy_inputs(con, ctx, world_size: int, params: dict = DEFAULTS) -> tuple[float | None, dict]:
     """(the job's median iteration, rank -> [(extra ns per iteration, ratio, the rank's row, a median
     rank's row)] for the op inputs it gets at least `min_work_ratio` times the median rank's of, at a
     cost of at least `min_share` of the iteration, the outermost op of the largest extra time first).
-    No ranks where the job has no measured iteration."""
+    No ranks where the job has no measured iteration. Computed once per analysis and options: R001
+    and R005 both ask (ctx.once)."""
+    key = ("heavy_inputs", world_size, *(params[k] for k in sorted(DEFAULTS)))
+    return ctx.once(key, lambda: _heavy_inputs(con, world_size, params))
+
+
+def _heavy_inputs(con, world_size: int, params: dict) -> tuple[float | None, dict]:
     (median,) = con.execute(ITERATION_SQL, {"world_size": world_size}).fetchone()
     if not median:
         return None, {}

@@ -93,7 +93,7 @@ FROM rank_op_times o JOIN runs r USING (run_id) WHERE r.world_size = $world_size
 )
 def check(con, params, ctx):
     for world_size in _ranks.world_sizes(con):
-        iteration, found = _inputs.heavy_inputs(con, world_size, params)
+        iteration, found = _inputs.heavy_inputs(con, ctx, world_size, params)
         moe = bool(found) and con.execute(MOE_SQL, {"world_size": world_size}).fetchone()[0]
         for rank, heavy in found.items():
             yield _finding(ctx, params, world_size, iteration, rank, heavy, moe)

@@ -115,9 +115,16 @@ SELECT p.process_group, p.collective, median(p.wait_ns) FILTER (WHERE p.rank <> 
 FROM per p GROUP BY ALL ORDER BY held_ns DESC, p.collective LIMIT 1
 """
 
+# Collective calls and their kernels, which the cause and slowdown queries leave out: their time is
+# the waiting for peers, not the rank's own work.
+COLLECTIVE_NAME = (
+    "(name LIKE 'gloo:%' OR name LIKE 'nccl:%' OR name LIKE 'c10d::%' OR name = 'record_param_comms' "
+    "OR name LIKE 'nccl%Kernel%')"
+)
+
 # This rank's time per iteration in each named op, annotation and kernel against the median of its
 # peers (a peer without the name counts 0): total and self time, and whether any peer runs it.
-OPS_SQL = """
+OPS_SQL = f"""
 WITH o AS (SELECT * FROM rank_op_times WHERE list_contains($run_ids, run_id)),
 me AS (SELECT * FROM o WHERE rank = $rank),
 peers AS (SELECT layer, name, list(per_step_ns) AS total, list(self_per_step_ns) AS self, count(*) AS n
@@ -131,8 +138,7 @@ padded AS (
 SELECT layer, name, depth, per_step_ns, self_per_step_ns, peers_with_it,
        per_step_ns - list_median(total) AS total_excess_ns, self_per_step_ns - list_median(self) AS self_excess_ns
 FROM padded
-WHERE NOT (name LIKE 'gloo:%' OR name LIKE 'nccl:%' OR name LIKE 'c10d::%' OR name = 'record_param_comms'
-           OR name LIKE 'nccl%Kernel%')
+WHERE NOT {COLLECTIVE_NAME}
 ORDER BY greatest(total_excess_ns, self_excess_ns) DESC, name LIMIT 5
 """
 
@@ -140,10 +146,9 @@ ORDER BY greatest(total_excess_ns, self_excess_ns) DESC, name LIMIT 5
 # this rank's self time per iteration against its peers' median, summed; and the peers' time in the
 # ops where this rank's is at least $ratio times theirs. A rank slower in most of them, with the same
 # calls, computes on a slower core or GPU.
-SLOWDOWN_SQL = """
+SLOWDOWN_SQL = f"""
 WITH o AS (SELECT * FROM rank_op_times WHERE list_contains($run_ids, run_id) AND layer = $layer
-           AND NOT (name LIKE 'gloo:%' OR name LIKE 'nccl:%' OR name LIKE 'c10d::%' OR name = 'record_param_comms'
-                    OR name LIKE 'nccl%Kernel%')),
+           AND NOT {COLLECTIVE_NAME}),
 per AS (SELECT name, max(self_per_step_ns) FILTER (WHERE rank = $rank) AS mine,
                median(self_per_step_ns) FILTER (WHERE rank <> $rank) AS peers,
                max(calls / steps) FILTER (WHERE rank = $rank) AS my_calls,
@@ -212,7 +217,7 @@ def _job(con, ctx, params, world_size: int):
     explained = cause is not None and cause["excess_ns"] >= params["explain_share"] * held
     consistency = rows(con, CONSISTENCY_SQL, where)[0]
     at = (rows(con, BY_COLLECTIVE_SQL, where) or [None])[0]
-    skew = _input_skew(con, world_size, slow.rank) if explained and cause["kind"] in ("op", "kernel") else None
+    skew = _input_skew(con, ctx, world_size, slow.rank) if explained and cause["kind"] in ("op", "kernel") else None
     slower = (
         _uniform_slowdown(con, params, run_ids, slow.rank, len(peers), cause["layer"])
         if explained and skew is None and cause["kind"] in ("op", "kernel")
@@ -259,20 +264,24 @@ def _uniform_slowdown(con, params, run_ids, rank: int, peers: int, layer: str) -
             "slower_ops": int(r.slower_ops), "layer": layer, "at_least": params["slower_ratio"]}  # fmt: skip
 
 
+def _work(slower: dict) -> str:
+    return "kernels" if slower["layer"] == "gpu" else "ops"
+
+
 def _slowdown_text(slower: dict, rank: int, device: str) -> str:
     return (
-        f"rank {rank} runs its {'kernels' if slower['layer'] == 'gpu' else 'ops'} {slower['ratio']:.2f}x slower "
+        f"rank {rank} runs its {_work(slower)} {slower['ratio']:.2f}x slower "
         f"than its peers with the same calls ({slower['slower_ops']} of {slower['ops']}, holding "
         f"{slower['slower_share']:.0%} of the peers' time in them, at least {slower['at_least']:g}x slower): a "
         f"slower {device}"
     )
 
 
-def _input_skew(con, world_size: int, rank: int) -> dict | None:
+def _input_skew(con, ctx, world_size: int, rank: int) -> dict | None:
     """The op input the slow rank gets most more of than its peers (R005's test, at its defaults):
     then the op that grew grew because the rank is given more, and the question the next
     experiment would ask is answered."""
-    _, found = _inputs.heavy_inputs(con, world_size)
+    _, found = _inputs.heavy_inputs(con, ctx, world_size)
     if rank not in found:
         return None
     extra, ratio, row, typical = found[rank][0]
@@ -440,13 +449,13 @@ def _finding(
             + (f" Not one op: {_slowdown_text(slower, slow.rank, device)}." if slower is not None else "")
             + (_noise_text(consistency, t, params) if t < params["min_t"] else "")
         )
-        title = (f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration "
-                 f"({share:.1%}){collective}: {_cause_text(cause, slow.rank)}")  # fmt: skip
-        if slower is not None:
-            title = (f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration "
-                     f"({share:.1%}){collective}: it runs its {'kernels' if slower['layer'] == 'gpu' else 'ops'} "
-                     f"{slower['ratio']:.2f}x slower than its peers with the same calls, most of all `{cause['name']}` "
-                     f"(+{duration(cause['excess_ns'])} per iteration)")  # fmt: skip
+        why = (
+            _cause_text(cause, slow.rank)
+            if slower is None
+            else f"it runs its {_work(slower)} {slower['ratio']:.2f}x slower than its peers with the same calls, "
+            f"most of all `{cause['name']}` (+{duration(cause['excess_ns'])} per iteration)"
+        )
+        title = f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration ({share:.1%}){collective}: {why}"
     else:
         severity = "info"
         idle = next((c for c in causes if c["kind"] == "gpu_idle"), None)

@@ -4,6 +4,21 @@ import errno as errnos
 import os
 
 
+def one_line(e: BaseException) -> str:
+    """An exception as one line: its type and its message, whitespace folded, at most 300 characters."""
+    text = " ".join(str(e).split())[:300]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+def crash_line(e: BaseException) -> str:
+    """An unexpected exception (a bug, not bad input) as one line, with the frame that raised it."""
+    import traceback
+
+    frames = traceback.extract_tb(e.__traceback__)
+    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
+    return one_line(e) + where
+
+
 class TracekitError(Exception):
     """Bad input or usage: the CLI prints `error: <message>` and exits with code 2."""
 

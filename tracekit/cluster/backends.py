@@ -12,22 +12,8 @@ this module's check that the pinned worker is gone) and the chunk's ranks are re
 
 from __future__ import annotations
 
-import os
-import traceback
-
 from tracekit.cluster import work
-
-
-def _error(e: BaseException) -> str:
-    text = " ".join(str(e).split())[:300]
-    return f"{type(e).__name__}: {text}" if text else type(e).__name__
-
-
-def _crash_line(e: BaseException) -> str:
-    """An unexpected exception, with where it happened (the last frame), for the stderr line."""
-    frames = traceback.extract_tb(e.__traceback__)
-    where = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-    return _error(e) + where
+from tracekit.errors import crash_line, one_line
 
 
 def _report(progress, phase: str, done: int, total: int) -> None:
@@ -56,7 +42,7 @@ class InProcessBackend:
             try:
                 out.append(work.ingest_chunk(chunk, **options))
             except Exception as e:
-                out.append(_crash_line(e))
+                out.append(crash_line(e))
             _report(self.progress, "ingested", len(out), len(chunks))
         return out
 
@@ -66,21 +52,17 @@ class InProcessBackend:
             try:
                 out.append(work.analyze_chunk(ingested, collectives, remap, base, rules, params, summaries))
             except Exception as e:
-                out.append(_crash_line(e))
+                out.append(crash_line(e))
             _report(self.progress, "analysed", len(out), len(jobs))
         return out
 
 
 def worker_threads(workers: int) -> int:
-    """Each local worker's share of the cores this process may use (TRACEKIT_THREADS if set, which
-    the workers then split)."""
-    from tracekit.db.connection import thread_budget
+    """Each local worker's share of the cores this process may use (of TRACEKIT_THREADS if set,
+    which the workers then split)."""
+    from tracekit.db.connection import thread_budget, usable_cpus
 
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, (thread_budget() or cpus) // max(1, workers))
+    return max(1, (thread_budget() or usable_cpus()) // max(1, workers))
 
 
 def _on_worker(fn, *args, **kwargs):
@@ -132,7 +114,7 @@ class DaskBackend:
                 if scheduler
                 else f"start a local Dask cluster of {workers} workers"
             )
-            raise TracekitError(f"cannot {where}: {_error(e)}") from None
+            raise TracekitError(f"cannot {where}: {one_line(e)}") from None
         self.workers = len(self.client.scheduler_info().get("workers", {}))
 
     def __enter__(self):
@@ -189,7 +171,7 @@ class DaskBackend:
                     try:
                         out[i] = future.result()
                     except Exception as e:
-                        out[i] = _error(e)
+                        out[i] = one_line(e)
                     del waiting[i]
                 elif pinned[i] is not None and pinned[i] not in alive:
                     future.cancel()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracekit.cluster.plan import Chunk
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, one_line
 
 # The summary tables phase 2 sends to the reducer (tracekit/db/views/72_ranks.sql, and a profiler's
 # own cluster summary: 74_cluster.sql), besides `runs`.
@@ -123,7 +123,7 @@ def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), fol
         failed = []
 
         def fails(path, e: Exception) -> None:  # a reader's bug on one rank must not end the job either
-            error = str(e) if isinstance(e, TracekitError) else f"{type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            error = str(e) if isinstance(e, TracekitError) else one_line(e)
             failed.append({"path": str(path), "error": error})
 
         # one call, so that the next rank file is read (inflated) while one loads; a copy of a trace

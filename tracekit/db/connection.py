@@ -88,6 +88,14 @@ def thread_budget() -> int | None:
         return None
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the OS tells it)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def _build_template(path: str) -> None:
     import duckdb
 

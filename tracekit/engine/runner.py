@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
-from tracekit.db.connection import thread_budget
+from tracekit.db.connection import thread_budget, usable_cpus
 from tracekit.engine import quality
 from tracekit.engine.registry import DataQuality, Rule, all_rules, get_rule
 from tracekit.engine.shared_views import computed_once
 from tracekit.engine.toolkit import Context
+from tracekit.errors import crash_line
 from tracekit.findings.model import Finding
 
 
@@ -56,12 +56,7 @@ def rule_threads(shared_seconds: float = 0.0) -> int:
             pass
     if shared_seconds >= THREADED_UNTIL_S:
         return 1
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    cpus = min(cpus, thread_budget() or cpus)
-    return max(1, min(cpus, MAX_RULE_THREADS))
+    return min(usable_cpus(), thread_budget() or MAX_RULE_THREADS, MAX_RULE_THREADS)
 
 
 def run_rules(
@@ -162,15 +157,6 @@ def _on_threads(con, shared, ctx, tasks, threads: int, timings, then):
     return results
 
 
-def _crash(e: BaseException) -> str:
-    """An unexpected exception in one line: its type, message and the frame that raised it."""
-    import traceback
-
-    frames = traceback.extract_tb(e.__traceback__)
-    where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
-    return f"{type(e).__name__}: {' '.join(str(e).split())[:300]}{where}"
-
-
 def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, present) -> tuple[list, list]:
     import duckdb
 
@@ -183,6 +169,6 @@ def _run_one(con, rule: Rule, params: dict[str, dict], ctx: Context, present) ->
     except duckdb.Error as e:  # e.g. out of memory on a huge trace: report it, run the other rules
         return [], [DataQuality(rule.code, f"{rule.name} failed: {' '.join(str(e).split())[:300]}")]
     except Exception as e:  # a rule's bug on some input: the report goes on with the other rules
-        return [], [DataQuality(rule.code, f"{rule.name} failed (a tracekit bug; please report): {_crash(e)}")]
+        return [], [DataQuality(rule.code, f"{rule.name} failed (a tracekit bug; please report): {crash_line(e)}")]
     findings = [item for item in produced if not isinstance(item, DataQuality)]
     return findings, [item for item in produced if isinstance(item, DataQuality)]
