@@ -24,7 +24,7 @@ from tracekit.errors import InputError
 from tracekit.parsers import chrome_pairs, json_slice
 from tracekit.parsers.json_array import first_char
 from tracekit.parsers.json_slice import Staged
-from tracekit.parsers.rows import Export, Reload
+from tracekit.parsers.rows import Export, Reload, Unbatched
 
 FORMAT = "kineto"
 DESCRIPTION = "Chrome/Kineto trace JSON (object or array)"
@@ -69,7 +69,12 @@ def read(path: Path, tmpdir: str | None = None, **_) -> Export:
     )
     if isinstance(dist.get("rank"), int):
         export.rank, export.rank_source = dist["rank"], "distributedInfo"
-    options: dict = {}
+    # sampled here, on the read-ahead thread, while the file before this one loads
+    sample, exact = _sample_keys(staged.parts[0]), _needs_exact_ts(staged.parts[0])
+    options: dict = {"sample": sample, "exact": exact}
+    extra, looks_generic = sample
+    if not (extra or looks_generic) and staged.bytes_read <= BATCH_FILE_BYTES:
+        export.batch, export.batch_key = staged, "exact" if exact else "double"
 
     def loader(con, run_id: int, offset: int = 0) -> None:
         try:
@@ -226,6 +231,7 @@ def load(
     exact: bool | None = None,
     max_object_bytes: int = DEFAULT_MAX_OBJECT,
     generic_keys: bool | None = None,
+    sample: tuple[list[str], bool] | None = None,
 ) -> dict:
     """Insert one staged trace as run `run_id`; returns counts for the ingest log.
 
@@ -246,7 +252,7 @@ def load(
         "generic_keys": generic_keys,
     }
     try:
-        counts = _load(con, staged, run_id, **options)
+        counts = _load(con, staged, run_id, sample=sample, **options)
     except _GenericKeysNeeded:
         raise _ReadAgain(**{**options, "generic_keys": True}) from None
     except InputError as e:
@@ -258,13 +264,18 @@ def load(
         raise
     if not exact and _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
         raise _ReadAgain(**{**options, "exact": True})
-    counts["notes"]["ts_type"] = "DECIMAL(38,3)" if exact else "DOUBLE"
+    counts["notes"].update(_ts_notes(exact))
+    return counts
+
+
+def _ts_notes(exact: bool) -> dict:
+    notes = {"ts_type": "DECIMAL(38,3)" if exact else "DOUBLE"}
     if exact and not exact_json_decimals():
-        counts["notes"]["ts_precision"] = (
+        notes["ts_precision"] = (
             "about 0.25 us: this DuckDB (< 2.0) reads JSON numbers through a double, so absolute "
             "microsecond timestamps lose their nanosecond fraction; DuckDB >= 2.0 (Python >= 3.11) keeps it"
         )
-    return counts
+    return notes
 
 
 def exact_json_decimals() -> bool:
@@ -335,9 +346,16 @@ class _GenericKeysNeeded(Exception):
 
 
 def _load(
-    con, staged: Staged, run_id: int, ignore_errors: bool, exact: bool, max_object_bytes: int, generic_keys: bool | None
+    con,
+    staged: Staged,
+    run_id: int,
+    ignore_errors: bool,
+    exact: bool,
+    max_object_bytes: int,
+    generic_keys: bool | None,
+    sample: tuple[list[str], bool] | None = None,
 ) -> dict:
-    extra, looks_generic = _sample_keys(staged.parts[0])
+    extra, looks_generic = sample if sample is not None else _sample_keys(staged.parts[0])
     if generic_keys is None:
         generic_keys = looks_generic
     columns = dict(EVENT_COLUMNS) | (chrome_pairs.GENERIC_COLUMNS if generic_keys else {})
@@ -348,10 +366,6 @@ def _load(
     columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
     extra_sql = "json_object(" + ", ".join(f'{_sql_str(k)}, "{k}"' for k in extra) + ")" if extra else "NULL::JSON"
     base_ns = _base_time_ns(staged.metadata)
-    # a CASE, not `kind0 IN (...)`: DuckDB plans an IN list of this size as a mark join, and a join
-    # turns the order-preserving batch insert into a plain parallel insert that appends row groups in
-    # whatever order the threads finish (event_id would then differ between two ingests of one file)
-    on_device = "CASE kind0 " + " ".join(f"WHEN {_sql_str(k)} THEN true" for k in DEVICE_KINDS) + " ELSE false END"
     ignore_errors = "true" if ignore_errors else "false"
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     # Two steps: the parts are parsed in parallel into a plain table first. Deriving the columns in the
@@ -370,49 +384,7 @@ def _load(
     if generic and not generic_keys:
         raise _GenericKeysNeeded
     notes = chrome_pairs.prepare(con, RAW_TABLE) if generic else {}
-    kind_sql, skip_sql, track_sql, flow_sql = (
-        _kind_expr(),
-        _skip_reason_expr(),
-        TRACK,
-        "CASE WHEN kind0 = 'flow' THEN id END",
-    )
-    tid_sql = "tid_n"
-    if generic:  # the overrides chrome_pairs set win; Kineto files never get here, so their SQL is unchanged
-        kind_sql, skip_sql = f"coalesce(_kind, {kind_sql})", f"coalesce(_skip, {skip_sql})"
-        track_sql, flow_sql = f"coalesce(_track, {track_sql})", f"coalesce(_flow_id, {flow_sql})"
-        tid_sql = "CASE WHEN _kind = 'async' THEN NULL ELSE tid_n END"
-        extra_sql = (
-            f"CASE WHEN _flag IS NULL THEN {extra_sql} "
-            f"ELSE json_merge_patch(coalesce({extra_sql}, '{{}}'::JSON), _flag) END"
-        )
-    sql = f"""
-    INSERT INTO event_rows
-    WITH raw AS (
-        SELECT *, {kind_sql} AS kind0, {skip_sql} AS skip_reason,
-               {PID_N} AS pid_n,
-               {TID_N} AS tid_n,
-               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
-        FROM {RAW_TABLE}
-    )
-    SELECT {run_id},
-           CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,
-           ph, cat, name,
-           {_ts_ns_expr(exact)} + {base_ns},
-           CAST(round(dur * 1000) AS BIGINT),
-           pid_n, {tid_sql},
-           {track_sql},
-           CASE WHEN {on_device} THEN coalesce(TRY_CAST(a[1] AS INTEGER), TRY_CAST(pid_n AS INTEGER)) END,
-           CASE WHEN {on_device} THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
-           CASE WHEN kind0 = 'flow' AND lower(cat) IN ('ac2g', 'async_cpu_to_gpu', 'async') THEN TRY_CAST(id AS BIGINT)
-                ELSE TRY_CAST(a[3] AS BIGINT) END,
-           TRY_CAST(coalesce(a[4], a[5]) AS BIGINT),
-           {flow_sql},
-           args,
-           {extra_sql},
-           NULL, NULL
-    FROM raw
-    """
-    con.execute(sql)
+    con.execute(_insert_sql(str(run_id), str(base_ns), exact, generic, extra_sql))
     after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     if generic:
         notes.update(_fold_generic(con, run_id, exact, base_ns))
@@ -428,14 +400,138 @@ def _load(
     read = after - before
     if extra:
         notes["extra_event_keys"] = extra
-    if "baseTimeNanoseconds" in staged.metadata:
-        notes["clock"] = "epoch ns = baseTimeNanoseconds + ts * 1000"
-    else:
-        notes["clock"] = "ns = ts * 1000 (no baseTimeNanoseconds)"
+    notes["clock"] = _clock_note(staged.metadata)
     return {
         "events_read": read, "events_skipped": sum(skipped.values()), "skipped_reasons": skipped, "notes": notes,
         "format": CHROME_FORMAT if generic else FORMAT,
     }  # fmt: skip
+
+
+# A file joins a batch (load_batch) up to this size: above it, a statement's fixed cost is small
+# beside its rows, and a batch of such files would hold much more memory than one of them.
+BATCH_FILE_BYTES = 8 << 20
+
+
+def load_batch(con, items: list[tuple[Export, int]]) -> None:
+    """Insert several staged traces (each read with `export.batch` set), each as its run, with one
+    read_json over all their parts and one INSERT: the statements of a file's load cost 20-30 ms
+    whatever its size, most of the ingest of a 1 MB rank trace. Fills each export's counts and
+    notes as its loader would. Raises Unbatched where a file needs what only a load of its own does
+    (a second read: non-object elements, a larger event, lost timestamp fractions, a generic Chrome
+    trace; or a malformed file, whose error that load reports with its position)."""
+    staged: list[Staged] = [export.batch for export, _ in items]
+    exact = items[0][0].batch_key == "exact"  # the same for every file of a batch (ingest groups by key)
+    parts = [str(p) for s in staged for p in s.parts]
+    if len(set(parts)) < len(parts):  # a file given twice (same_content="keep"): parts must name their file
+        raise Unbatched("a file twice in one batch")
+    part_runs = [run_id for (_, run_id), s in zip(items, staged) for _ in s.parts]
+    part_bases = [_base_time_ns(s.metadata) for s in staged for _ in s.parts]
+    columns = dict(EVENT_COLUMNS) | ({"ts": "DECIMAL(38,3)"} if exact else {})
+    columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
+    try:
+        con.execute(
+            f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT *, list_position($parts, filename) AS _part "
+            f"FROM read_json($parts, format='array', columns={columns_sql}, ignore_errors=false, "
+            f"maximum_object_size={DEFAULT_MAX_OBJECT}, filename=true)",
+            {"parts": parts},
+        )
+    except Exception as e:  # duckdb.Error subclasses: the file's own load says which file and where
+        raise Unbatched(str(e)) from None
+    _flag_absurd(con)
+    if chrome_pairs.needs_generic(con, RAW_TABLE, False):
+        raise Unbatched("a generic Chrome trace")
+    # list literals indexed by part: a lookup without a join, which would reorder the insert (see _insert_sql)
+    con.execute(_insert_sql(f"{part_runs}[_part]", f"{part_bases}[_part]", exact, False, "NULL::JSON"))
+    by_part = dict(con.execute(f"SELECT _part, count(*) FROM {RAW_TABLE} GROUP BY _part").fetchall())
+    con.execute(f"DROP TABLE {RAW_TABLE}")
+    run_ids = [run_id for _, run_id in items]
+    runs = {"run_ids": run_ids, "first": min(run_ids), "last": max(run_ids)}
+    of_runs = "run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id)"
+    bases = [_base_time_ns(s.metadata) for s in staged]
+    lost = (
+        not exact
+        and con.execute(
+            f"SELECT EXISTS (SELECT 1 FROM event_rows WHERE {of_runs} "
+            f"AND abs(ts_ns - {bases}[list_position($run_ids, run_id)]) >= {int(DOUBLE_EXACT_US * 1000)} "
+            "AND ts_ns % 1000 <> 0)",
+            runs,
+        ).fetchone()[0]
+    )
+    if lost:  # a double lost a timestamp's fraction: that file loads alone, with exact timestamps
+        raise Unbatched("timestamps that need DECIMAL")
+    skip = f"{of_runs} AND kind LIKE '\\_skip:%' ESCAPE '\\'"
+    skipped: dict[int, Counter] = {run_id: Counter() for run_id in run_ids}
+    for run_id, reason, count in con.execute(
+        f"SELECT run_id, substr(kind, 7), count(*) FROM event_rows WHERE {skip} GROUP BY ALL ORDER BY ALL", runs
+    ).fetchall():
+        skipped[run_id][reason] = count
+    if any(skipped.values()):
+        con.execute(f"DELETE FROM event_rows WHERE {skip}", runs)
+    read: Counter = Counter()
+    for part, count in by_part.items():
+        read[part_runs[part - 1]] += count
+    for (export, run_id), s in zip(items, staged):
+        export.format = FORMAT
+        export.read = Counter({"trace event": read[run_id]})
+        export.skipped = skipped[run_id]
+        export.notes = {"clock": _clock_note(s.metadata), **_ts_notes(exact), "loaded_in_batch_of": len(items)}
+
+
+def _insert_sql(run_sql: str, base_sql: str, exact: bool, generic: bool, extra_sql: str) -> str:
+    """The INSERT of event_rows from the raw table: `run_sql` and `base_sql` are the SQL of each row's
+    run id and base time (constants for one file, a lookup by part for a batch of files)."""
+    # a CASE, not `kind0 IN (...)`: DuckDB plans an IN list of this size as a mark join, and a join
+    # turns the order-preserving batch insert into a plain parallel insert that appends row groups in
+    # whatever order the threads finish (event_id would then differ between two ingests of one file)
+    on_device = "CASE kind0 " + " ".join(f"WHEN {_sql_str(k)} THEN true" for k in DEVICE_KINDS) + " ELSE false END"
+    kind_sql, skip_sql, track_sql, flow_sql = (
+        _kind_expr(),
+        _skip_reason_expr(),
+        TRACK,
+        "CASE WHEN kind0 = 'flow' THEN id END",
+    )
+    tid_sql = "tid_n"
+    if generic:  # the overrides chrome_pairs set win; Kineto files never get here, so their SQL is unchanged
+        kind_sql, skip_sql = f"coalesce(_kind, {kind_sql})", f"coalesce(_skip, {skip_sql})"
+        track_sql, flow_sql = f"coalesce(_track, {track_sql})", f"coalesce(_flow_id, {flow_sql})"
+        tid_sql = "CASE WHEN _kind = 'async' THEN NULL ELSE tid_n END"
+        extra_sql = (
+            f"CASE WHEN _flag IS NULL THEN {extra_sql} "
+            f"ELSE json_merge_patch(coalesce({extra_sql}, '{{}}'::JSON), _flag) END"
+        )
+    return f"""
+    INSERT INTO event_rows
+    WITH raw AS (
+        SELECT *, {kind_sql} AS kind0, {skip_sql} AS skip_reason,
+               {PID_N} AS pid_n,
+               {TID_N} AS tid_n,
+               json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
+        FROM {RAW_TABLE}
+    )
+    SELECT {run_sql},
+           CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,
+           ph, cat, name,
+           {_ts_ns_expr(exact)} + {base_sql},
+           CAST(round(dur * 1000) AS BIGINT),
+           pid_n, {tid_sql},
+           {track_sql},
+           CASE WHEN {on_device} THEN coalesce(TRY_CAST(a[1] AS INTEGER), TRY_CAST(pid_n AS INTEGER)) END,
+           CASE WHEN {on_device} THEN coalesce(TRY_CAST(a[2] AS BIGINT), tid_n) END,
+           CASE WHEN kind0 = 'flow' AND lower(cat) IN ('ac2g', 'async_cpu_to_gpu', 'async') THEN TRY_CAST(id AS BIGINT)
+                ELSE TRY_CAST(a[3] AS BIGINT) END,
+           TRY_CAST(coalesce(a[4], a[5]) AS BIGINT),
+           {flow_sql},
+           args,
+           {extra_sql},
+           NULL, NULL
+    FROM raw
+    """
+
+
+def _clock_note(metadata: dict) -> str:
+    if "baseTimeNanoseconds" in metadata:
+        return "epoch ns = baseTimeNanoseconds + ts * 1000"
+    return "ns = ts * 1000 (no baseTimeNanoseconds)"
 
 
 def _fold_generic(con, run_id: int, exact: bool, base_ns: int) -> dict:

@@ -39,6 +39,10 @@ class Export:
     rank_source: str | None = None
     world_size: int | None = None
     cleanup: Callable[[], None] | None = None  # removes temporary files once loaded
+    # what the reader's load_batch takes to load this file in one statement with other files of its
+    # reader (many small rank traces: a statement's fixed cost dwarfs their rows); None: it loads alone
+    batch: object | None = None
+    batch_key: str = ""  # files load together only with files of the same reader and key
 
     def window(self) -> tuple[int, int] | None:
         """(first start, last end) of the Python-built rows, metadata aside; None without timestamps."""
@@ -49,6 +53,11 @@ class Export:
 class Reload(Exception):
     """Raised by a loader that must read again inside a fresh transaction (a failed statement aborts
     the one it ran in); the loader keeps what it learnt, and ingest rolls back and calls it again."""
+
+
+class Unbatched(Exception):
+    """Raised by a reader's load_batch when the files cannot load together (one of them needs a read
+    of its own); ingest rolls the batch back and loads each file alone, as it would have anyway."""
 
 
 # |ts|, |dur| and |ts + dur| beyond this many ns (127 years) are no times of a trace, and a BIGINT holds

@@ -43,13 +43,21 @@ def take_run_ids(con, count: int = 1, floor: int | None = None) -> list[int]:
     return ids
 
 
-def begin(con, source: str, count: int = 1, floor: int | None = None, database: str | None = None) -> list[int]:
+def begin(
+    con,
+    source: str,
+    count: int = 1,
+    floor: int | None = None,
+    database: str | None = None,
+    reuse: list[int] | None = None,
+) -> list[int]:
     """Run ids for an ingest (or copy) of `source`, recorded in `ingest_pending` (committed) before
     any of their rows. `floor`: see take_run_ids; `database`: database_file(con), when the caller
-    knows it."""
+    knows it; `reuse`: ids this process took before and gave up unused (a batch rolled back, whose
+    files load one by one under the ids the batch had for them), taken instead of new ones."""
     from datetime import datetime, timezone
 
-    run_ids = take_run_ids(con, count, floor)
+    run_ids = list(reuse) if reuse else take_run_ids(con, count, floor)
     database = database_file(con) if database is None else database
     with _LIVE_LOCK:
         _LIVE.update((database, r) for r in run_ids)

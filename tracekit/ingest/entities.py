@@ -14,57 +14,66 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def fill_entities(con, run_id: int) -> None:
-    """processes / threads / streams from metadata events and from the tracks events use."""
+# the range lets DuckDB skip the row groups of other runs; the list says which runs of it
+OF_RUNS = "run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id)"
+
+
+def fill_entities(con, run_ids: int | list[int]) -> None:
+    """processes / threads / streams of these runs (one statement each for a batch of files), from
+    metadata events and from the tracks events use."""
+    run_ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
+    bounds = {"run_ids": run_ids, "first": min(run_ids), "last": max(run_ids)}
     con.execute(
-        """
+        f"""
         INSERT INTO processes
-        SELECT ?, pid,
+        SELECT run_id, pid,
                max(CASE WHEN name = 'process_name' THEN args->>'name' END),
                max(CASE WHEN name = 'process_labels' THEN args->>'labels' END),
                max(CASE WHEN name = 'process_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END)
-        FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND pid IS NOT NULL
+        FROM event_rows WHERE {OF_RUNS} AND kind = 'metadata' AND pid IS NOT NULL
           AND name IN ('process_name', 'process_labels', 'process_sort_index')
-        GROUP BY pid
+        GROUP BY run_id, pid
         """,
-        [run_id, run_id],
+        bounds,
     )
     device_kinds = ", ".join(_sql_str(k) for k in DEVICE_KINDS)
     con.execute(
         f"""
         INSERT INTO threads
         WITH named AS (
-            SELECT pid, tid,
+            SELECT run_id, pid, tid,
                    -- a thread can be named twice (its Python name and the interpreter's); keep the specific one
                    arg_min(args->>'name', (args->>'name' SIMILAR TO '.*\\((python[0-9.]*|pt_main_thread)\\)', rowid))
                        FILTER (WHERE name = 'thread_name') AS name,
                    max(CASE WHEN name = 'thread_sort_index' THEN TRY_CAST(args->>'sort_index' AS BIGINT) END) AS sort_index
-            FROM event_rows WHERE run_id = ? AND kind = 'metadata' AND tid IS NOT NULL AND pid IS NOT NULL
+            FROM event_rows WHERE {OF_RUNS} AND kind = 'metadata' AND tid IS NOT NULL AND pid IS NOT NULL
               AND name IN ('thread_name', 'thread_sort_index')
-            GROUP BY pid, tid
+            GROUP BY run_id, pid, tid
         ), used AS (
-            SELECT DISTINCT pid, tid FROM event_rows
-            WHERE run_id = ? AND kind NOT IN ('metadata', {device_kinds}) AND pid IS NOT NULL AND tid IS NOT NULL
+            SELECT DISTINCT run_id, pid, tid FROM event_rows
+            WHERE {OF_RUNS} AND kind NOT IN ('metadata', {device_kinds}) AND pid IS NOT NULL AND tid IS NOT NULL
               AND NOT (kind = 'flow' AND ph = 'f')
         )
         , device_tracks AS (
-            SELECT DISTINCT pid, tid FROM event_rows WHERE run_id = ? AND kind IN ({device_kinds})
+            SELECT DISTINCT run_id, pid, tid FROM event_rows WHERE {OF_RUNS} AND kind IN ({device_kinds})
         )
-        SELECT ?, t.pid, t.tid, t.name, t.sort_index
-        FROM (SELECT pid, tid, named.name, named.sort_index FROM used FULL OUTER JOIN named USING (pid, tid)) t
-        ANTI JOIN device_tracks d ON t.pid = d.pid AND t.tid = d.tid
+        SELECT t.run_id, t.pid, t.tid, t.name, t.sort_index
+        FROM (SELECT run_id, pid, tid, named.name, named.sort_index
+              FROM used FULL OUTER JOIN named USING (run_id, pid, tid)) t
+        ANTI JOIN device_tracks d ON t.run_id = d.run_id AND t.pid = d.pid AND t.tid = d.tid
         """,
-        [run_id, run_id, run_id, run_id],
+        bounds,
     )
     con.execute(
         f"""
         INSERT INTO streams
-        SELECT ?, s.device, s.stream, max(m.args->>'name')
-        FROM (SELECT DISTINCT device, stream FROM event_rows
-              WHERE run_id = ? AND kind IN ({device_kinds}) AND device IS NOT NULL AND stream IS NOT NULL) s
-        LEFT JOIN event_rows m ON m.run_id = ? AND m.kind = 'metadata' AND m.name = 'thread_name'
-             AND m.pid = s.device AND m.tid = s.stream
-        GROUP BY s.device, s.stream
+        SELECT s.run_id, s.device, s.stream, max(m.args->>'name')
+        FROM (SELECT DISTINCT run_id, device, stream FROM event_rows
+              WHERE {OF_RUNS} AND kind IN ({device_kinds}) AND device IS NOT NULL AND stream IS NOT NULL) s
+        LEFT JOIN (SELECT run_id, pid, tid, args FROM event_rows
+                   WHERE {OF_RUNS} AND kind = 'metadata' AND name = 'thread_name') m
+             ON m.run_id = s.run_id AND m.pid = s.device AND m.tid = s.stream
+        GROUP BY s.run_id, s.device, s.stream
         """,
-        [run_id, run_id, run_id],
+        bounds,
     )

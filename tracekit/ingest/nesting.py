@@ -13,11 +13,14 @@ Python stack is found by time instead (tracekit.engine.toolkit.Context.code_path
 NESTING_SQL = """
 CREATE OR REPLACE TEMP TABLE _nesting AS
 WITH x AS (
-    SELECT rowid AS id, hash(pid, tid, track, kind = 'python_function') AS track_key, ts_ns AS ts, ts_ns + dur_ns AS te, dur_ns
+    SELECT rowid AS id, hash(run_id, pid, tid, track, kind = 'python_function') AS track_key, ts_ns AS ts,
+           ts_ns + dur_ns AS te, dur_ns
     FROM event_rows
-    WHERE run_id = $run_id AND ph = 'X' AND dur_ns IS NOT NULL AND kind <> 'profiler_span'
-      -- GPU work only nests under gpu_user_annotation ranges; without any, its tracks are flat
-      AND (kind NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset') OR $gpu_ranges)
+    -- the range lets DuckDB skip the row groups of other runs; the list says which runs of it
+    WHERE run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id)
+      AND ph = 'X' AND dur_ns IS NOT NULL AND kind <> 'profiler_span'
+      -- GPU work only nests under gpu_user_annotation ranges; without any in its run, its tracks are flat
+      AND (kind NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset') OR list_contains($gpu_ranges, run_id))
 ), points AS (
     SELECT track_key, id, ts AS t, 1 AS typ, -dur_ns AS k2 FROM x
     UNION ALL
@@ -37,12 +40,20 @@ FROM starts c ASOF LEFT JOIN starts p
 """
 
 
-def compute_nesting(con, run_id: int) -> None:
-    """Sets parent_id/depth of nested events; roots keep NULL, which the events view shows as depth 0."""
-    gpu_ranges = con.execute(
-        "SELECT EXISTS (SELECT 1 FROM event_rows WHERE run_id = ? AND kind = 'gpu_user_annotation')", [run_id]
-    ).fetchone()[0]
-    con.execute(NESTING_SQL, {"run_id": run_id, "gpu_ranges": gpu_ranges})
+def compute_nesting(con, run_ids: int | list[int]) -> None:
+    """Sets parent_id/depth of nested events of these runs (one statement for a batch of files);
+    roots keep NULL, which the events view shows as depth 0."""
+    run_ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
+    bounds = {"run_ids": run_ids, "first": min(run_ids), "last": max(run_ids)}
+    gpu_ranges = [
+        r[0]
+        for r in con.execute(
+            "SELECT DISTINCT run_id FROM event_rows WHERE run_id BETWEEN $first AND $last "
+            "AND list_contains($run_ids, run_id) AND kind = 'gpu_user_annotation'",
+            bounds,
+        ).fetchall()
+    ]
+    con.execute(NESTING_SQL, {**bounds, "gpu_ranges": gpu_ranges})
     con.execute(
         """
         UPDATE event_rows SET parent_id = n.parent_id, depth = n.depth

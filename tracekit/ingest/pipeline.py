@@ -25,6 +25,7 @@ from tracekit.ingest.offsets import measure
 from tracekit.ingest.runs import Duplicate, IngestResult
 from tracekit.ingest.transaction import delete_rows, run_or_nothing, transaction
 from tracekit.parsers import rows
+from tracekit.parsers.rows import Unbatched
 
 __all__ = ["IngestResult", "ingest", "plan"]
 
@@ -218,31 +219,180 @@ def _ingest_all(
     ids = _RunIds(pending.database_file(con))
     with ThreadPoolExecutor(max_workers=1) as pool:
         reads = _Reads(pool, inputs, [first for first, _ in units], options, progress)
+        batch = _Batch(con, ids, results, after_run, on_error, rank)
         try:
             for unit, (first, log_indexes) in enumerate(units):
                 label = labels[unit] if labels and unit < len(labels) else None  # one label per run
+                if _may_batch(inputs[first], log_indexes, offsets, replaced.get(first)):
+                    started = time.perf_counter()
+                    try:
+                        part = reads.get(first)
+                    except Exception as e:
+                        if on_error is None:
+                            batch.flush()  # the inputs before this one go in, as they would have one by one
+                            raise
+                        on_error(inputs[first].path, e)
+                        continue
+                    if part.export.batch is not None:
+                        batch.add(part, label, started)
+                        continue
+                    batch.flush()
+                    _one_run(con, [part], started, rank, label, align, offsets, [], ids, results, after_run, on_error)
+                    continue
+                batch.flush()
                 parts: list[Part] = []
                 try:
                     # logs are read first, so that one that cannot be read stops the run before any of it is loaded
                     parts += [reads.get(i) for i in log_indexes]
                     started = time.perf_counter()  # the logs' own time is theirs
                     parts.append(reads.get(first))
-                    run_results = _ingest_run(
-                        con, parts[-1], parts[:-1], rank, label, started, align, offsets, replaced.get(first, []), ids
-                    )
-                    results += run_results
                 except Exception as e:
+                    _cleanup(*parts)
                     if on_error is None:
                         raise
                     on_error(inputs[first].path, e)
                     continue
-                finally:
-                    _cleanup(*parts)
-                if after_run is not None:
-                    after_run(run_results)
+                _one_run(con, parts, started, rank, label, align, offsets, replaced.get(first, []), ids, results,
+                         after_run, on_error)  # fmt: skip
+            batch.flush()
         except BaseException:
+            batch.discard()
             reads.discard()
             raise
+
+
+def _one_run(con, parts: list, started, rank, label, align, offsets, replaces, ids, results, after_run,
+             on_error) -> None:  # fmt: skip
+    """One run from its parts (the trace last, its logs before it), read and not yet loaded."""
+    try:
+        run_results = _ingest_run(con, parts[-1], parts[:-1], rank, label, started, align, offsets, replaces, ids)
+    except Exception as e:
+        if on_error is None:
+            raise
+        on_error(parts[-1].input.path, e)
+        return
+    finally:
+        _cleanup(*parts)
+    results += run_results
+    if after_run is not None:
+        after_run(run_results)
+
+
+def _may_batch(item: Input, log_indexes: list[int], offsets: dict, replaces) -> bool:
+    """Whether this unit's trace may load in a batch with others (its reader decides, once read, by
+    setting export.batch): a file alone in its run, shifted by nothing, replacing nothing, whose reader
+    derives nothing of its own and splits no file by process."""
+    reader = item.reader
+    return (
+        hasattr(reader, "load_batch")
+        and not log_indexes
+        and not offsets.get(item.path, 0)
+        and not replaces
+        and not hasattr(reader, "derive")
+        and not getattr(reader, "RANKS_BY_PROCESS", False)
+    )
+
+
+# A batch loads together up to this many files or inflated bytes: the fixed cost of a batch's dozen
+# statements is then spread thin, and its raw events table holds no more than this in memory.
+BATCH_FILES = 128
+BATCH_BYTES = 64 << 20
+
+
+class _Batch:
+    """Consecutive small traces of one reader waiting to load in one statement (reader.load_batch), each
+    still its own run with its own ingest_log row; a batch the reader cannot load together is rolled
+    back and its files load one by one, as they would have anyway."""
+
+    def __init__(self, con, ids, results: list, after_run, on_error, rank) -> None:
+        self.con, self.ids, self.results, self.after_run, self.on_error, self.rank = (
+            con, ids, results, after_run, on_error, rank,
+        )  # fmt: skip
+        self.items: list[tuple[Part, str | None, float]] = []
+
+    def add(self, part: Part, label: str | None, started: float) -> None:
+        if self.items and (
+            part.reader is not self.items[0][0].reader
+            or part.export.batch_key != self.items[0][0].export.batch_key
+            or len(self.items) >= BATCH_FILES
+            or self._bytes() + (part.export.bytes_read or 0) > BATCH_BYTES
+        ):
+            self.flush()
+        self.items.append((part, label, started))
+
+    def _bytes(self) -> int:
+        return sum(part.export.bytes_read or 0 for part, _, _ in self.items)
+
+    def flush(self) -> None:
+        items, self.items = self.items, []
+        if len(items) > 1:
+            try:
+                out = _ingest_batch(self.con, items, self.rank, self.ids)
+            except Unbatched:
+                out = None
+            except Exception:
+                # a failure the batch cannot place (a full disk, a reader's bug): each file alone says
+                # which file, and with on_error the others still go in
+                out = None
+            if out is not None:
+                _cleanup(*(part for part, _, _ in items))
+                for run_results in out:
+                    self.results += run_results
+                    if self.after_run is not None:
+                        self.after_run(run_results)
+                return
+        for k, (part, label, started) in enumerate(items):
+            try:
+                _one_run(self.con, [part], started, self.rank, label, True, {}, [], self.ids, self.results,
+                         self.after_run, self.on_error)  # fmt: skip
+            except BaseException:
+                _cleanup(*(later for later, _, _ in items[k + 1 :]))
+                raise
+
+    def discard(self) -> None:
+        _cleanup(*(part for part, _, _ in self.items))
+        self.items = []
+
+
+def _ingest_batch(con, items: list, rank, ids: _RunIds) -> list[list[IngestResult]]:
+    """The runs of a batch, as _ingest_run makes one: rows in one transaction, what is derived from them
+    in a second, none of it left behind on failure (then the caller loads each file alone)."""
+    kill_points.reached("read")
+    parts = [part for part, _, _ in items]
+    run_ids: list[int] = []
+    try:
+        for part in parts:
+            run_ids += ids.begin(con, str(part.export.source))
+        with run_or_nothing(con, run_ids):
+            with transaction(con):
+                parts[0].reader.load_batch(con, [(part.export, run_id) for part, run_id in zip(parts, run_ids)])
+                kill_points.reached("rows")
+            kill_points.reached("rows_committed")
+            with transaction(con):
+                fill_entities(con, run_ids)
+                compute_nesting(con, run_ids)
+                spans = runs.windows(con, run_ids, parts[0].export.format)
+                seconds = time.perf_counter() - min(started for _, _, started in items)
+                total = sum(part.export.bytes_read or 0 for part in parts) or 1
+                out = []
+                for (part, label, _), run_id in zip(items, run_ids):
+                    share = seconds * (part.export.bytes_read or 0) / total  # the batch's time, by size
+                    out.append(_record(con, run_id, part, [], spans[run_id], rank, label, share))
+                pending.finish(con, run_ids)
+                kill_points.reached("derived")
+        kill_points.reached("committed")
+        return out
+    except BaseException:
+        if run_ids:
+            try:  # its files load again, alone, under the same run ids: not left pending meanwhile
+                with transaction(con):
+                    pending.finish(con, run_ids)
+                ids.unused = run_ids
+            except Exception:
+                pass  # the next open removes them (tracekit.db.pending)
+        raise
+    finally:
+        pending.forget(con, run_ids)
 
 
 def _without_duplicates(con, inputs: list[Input], units: list, same_content: str, duplicates: list | None):
@@ -338,10 +488,14 @@ class _RunIds:
     # Systems export of several ranks) adds the ids of its other runs
     last: list[int] = field(default_factory=list)
 
+    # ids a batch took and gave back when it was rolled back: its files take them again, in order
+    unused: list[int] = field(default_factory=list)
+
     def begin(self, con, source: str) -> list[int]:
         if self.floor is not None and self.last:
             self.floor = max(self.floor, *self.last)
-        run_ids = pending.begin(con, source, floor=self.floor, database=self.database)
+        reuse = [self.unused.pop(0)] if self.unused else None
+        run_ids = pending.begin(con, source, floor=self.floor, database=self.database, reuse=reuse)
         if self.floor is None:
             self.floor = max(run_ids)
         self.last = run_ids
@@ -447,16 +601,33 @@ def _derive(
         if hasattr(reader, "derive"):
             reader.derive(con, run_id)
     compute_nesting(con, run_id)
+    return _record(con, run_id, main, attached, span, rank, label, time.perf_counter() - started, counts, notes,
+                   moved_out)  # fmt: skip
+
+
+def _record(
+    con,
+    run_id: int,
+    main: Part,
+    attached: list,
+    span,
+    rank,
+    label,
+    seconds: float,
+    counts: int | None = None,
+    notes: dict | None = None,
+    moved_out: int = 0,
+) -> list[IngestResult]:
+    """The runs row and one ingest_log row per file of the run."""
     run = runs.run_row(main.export, label, rank)
     runs.insert_run(con, run_id, run, span or runs.window(con, run_id, run["format"]))
     notes = {**main.export.notes, **main.input.notes, **(notes or {})}
     if getattr(main.reader, "ATTACHABLE", False):
         notes["run"] = "a run of its own (no trace in the call to join)"
-    out = [runs.result(main.export, run_id, run["rank"], time.perf_counter() - started, counts=counts,
-                       moved_out=moved_out)]  # fmt: skip
+    out = [runs.result(main.export, run_id, run["rank"], seconds, counts=counts, moved_out=moved_out)]
     runs.insert_log_row(con, out[0], notes)
-    for log, note, seconds in attached:
-        out.append(runs.result(log.export, run_id, run["rank"], seconds, note.get("alignment")))
+    for log, note, log_seconds in attached:
+        out.append(runs.result(log.export, run_id, run["rank"], log_seconds, note.get("alignment")))
         runs.insert_log_row(con, out[-1], {**note, **log.input.notes})
     return out
 

@@ -93,6 +93,21 @@ def window(con, run_id: int, fmt: str) -> tuple[int | None, int | None]:
     ).fetchone()
 
 
+def windows(con, run_ids: list[int], fmt: str) -> dict[int, tuple[int | None, int | None]]:
+    """window() of several runs of one format, in one query."""
+    found = {
+        run_id: (start, end)
+        for run_id, start, end in con.execute(
+            "SELECT run_id, min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM event_rows "
+            "WHERE run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id) "
+            "AND kind NOT IN ('metadata', 'profiler_span') AND (kind <> 'runtime_event' OR $fmt = 'runtime_events') "
+            "GROUP BY run_id",
+            {"run_ids": list(run_ids), "first": min(run_ids), "last": max(run_ids), "fmt": fmt},
+        ).fetchall()
+    }
+    return {run_id: found.get(run_id, (None, None)) for run_id in run_ids}
+
+
 def insert_run(con, run_id: int, run: dict, span: tuple[int | None, int | None]) -> None:
     con.execute(
         "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

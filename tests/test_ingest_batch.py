@@ -1,0 +1,148 @@
+"""Small traces of one reader load in batches (one read_json and one INSERT for many files): the
+database must hold exactly what loading them one by one gives, and a batch that cannot load
+together must fall back to that, failures included."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+import tracekit
+from tracekit.errors import TracekitError
+from tracekit.ingest import pipeline
+from tracekit.parsers import kineto
+
+from .conftest import ROOT, corpus, sample
+
+RANKS = sorted((ROOT / "tests/data/rank_matrix/slow_compute").glob("rank*.json.gz"))
+EP_RANKS = sorted((ROOT / "tests/data/ep_matrix/w4/hot_expert").glob("rank*.json.gz"))
+
+
+def _contents(trace) -> dict:
+    """Every table a run's ingest writes, parents named by their content (not by rowid), the ingest
+    log without its timings and the batch's own note."""
+    out = {
+        "events": trace.sql(
+            """SELECT e.* EXCLUDE (parent_id), p.name, p.ts_ns, p.tid,
+                      row_number() OVER (PARTITION BY e.run_id ORDER BY e.rowid) AS k
+               FROM event_rows e LEFT JOIN event_rows p ON p.rowid = e.parent_id ORDER BY e.run_id, k"""
+        ).fetchall(),
+        "log": trace.sql(
+            "SELECT * EXCLUDE (seconds, notes), json_merge_patch(notes, '{\"loaded_in_batch_of\": null}') "
+            "FROM ingest_log ORDER BY run_id"
+        ).fetchall(),
+    }
+    for table in ("processes", "threads", "streams", "runs"):
+        out[table] = trace.sql(f"SELECT * FROM {table} ORDER BY ALL").fetchall()
+    return out
+
+
+def _one_by_one(monkeypatch, *paths, **options):
+    with monkeypatch.context() as m:
+        m.setattr(pipeline, "BATCH_FILES", 1)
+        return tracekit.open(*paths, **options)
+
+
+def _batch_sizes(trace) -> list:
+    return [r[0] for r in trace.sql("SELECT notes->>'$.loaded_in_batch_of' FROM ingest_log ORDER BY run_id").fetchall()]
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [
+        pytest.param(RANKS, id="gloo-rank-matrix"),
+        pytest.param(EP_RANKS, id="expert-parallel"),
+        pytest.param([sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz")], id="gpu-tp2"),
+    ],
+)
+def test_a_batch_holds_what_one_by_one_holds(monkeypatch, paths):
+    batched, alone = tracekit.open(*paths), _one_by_one(monkeypatch, *paths)
+    assert _batch_sizes(batched) == [str(len(paths))] * len(paths)
+    assert _batch_sizes(alone) == [None] * len(paths)
+    a, b = _contents(batched), _contents(alone)
+    assert len(a["events"]) > 1000 and any(row[-4] is not None for row in a["events"])  # parents set
+    for table in a:
+        assert a[table] == b[table], table
+
+
+def test_corpus_traces_of_every_kind_hold_the_same(monkeypatch):
+    """Files a batch takes (relative and absolute clocks, GPU streams, annotations) beside files it
+    leaves alone (generic Chrome traces, extra keys), in one call."""
+    paths = [
+        corpus("hta__trace_filter__sampled_rank-0.json.gz"),
+        corpus("hta__trace_filter__sampled_rank-1.json.gz"),
+        corpus("hta__with_gpu_user_annotation__step_based_trace_2543932.json.gz"),
+        sample("node_trace_events.json.gz"),
+        sample("gil_hold.json.gz"),
+        sample("cpu_two_threads.json.gz"),
+    ]
+    batched, alone = tracekit.open(*paths), _one_by_one(monkeypatch, *paths)
+    assert any(_batch_sizes(batched)) and not all(_batch_sizes(batched))
+    a, b = _contents(batched), _contents(alone)
+    for table in a:
+        assert a[table] == b[table], table
+
+
+def test_a_batch_splits_where_the_timestamp_type_changes(tmp_path, monkeypatch):
+    """A trace of absolute microseconds with fractions needs DECIMAL timestamps; it never shares a
+    batch with traces read as doubles, and each keeps its own ts_type."""
+
+    def write(name, ts: str):  # the text of a timestamp: a Python float would drop the fraction
+        path = tmp_path / name
+        events = [f'{{"ph": "X", "name": "op{i}", "ts": {ts}{i}, "dur": 5, "pid": 1, "tid": 1}}' for i in range(5)]
+        path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+        return path
+
+    paths = [write("a.json", "100.5"), write("b.json", "200.25"), write("c.json", "1712195495519689.04"),
+             write("d.json", "7")]  # fmt: skip
+    batched = tracekit.open(*paths)
+    types = batched.sql("SELECT notes->>'$.ts_type' FROM ingest_log ORDER BY run_id").fetchall()
+    assert [t[0] for t in types] == ["DOUBLE", "DOUBLE", "DECIMAL(38,3)", "DOUBLE"]
+    assert _batch_sizes(batched) == ["2", "2", None, None]
+    assert _contents(batched) == _contents(_one_by_one(monkeypatch, *paths))
+    ts = batched.sql("SELECT ts_ns FROM event_rows WHERE run_id = 3 ORDER BY ts_ns LIMIT 1").fetchall()[0][0]
+    assert ts == 1712195495519689040
+
+
+def test_a_batch_that_lost_fractions_loads_each_file_alone(monkeypatch):
+    """When the head of a file misjudges its timestamps (doubles, but fractions of absolute
+    microseconds further on), the batch is rolled back and each file loads alone, exactly."""
+    monkeypatch.setattr(kineto, "_needs_exact_ts", lambda _part: False)
+    batched = tracekit.open(*RANKS[:3])
+    assert _batch_sizes(batched) == [None, None, None]
+    types = {r[0] for r in batched.sql("SELECT notes->>'$.ts_type' FROM ingest_log").fetchall()}
+    assert types == {"DECIMAL(38,3)"}
+    monkeypatch.undo()
+    assert _contents(batched) == _contents(tracekit.open(*RANKS[:3]))  # run ids too: the fallback reuses them
+
+
+def test_a_bad_file_in_a_batch_is_named_and_the_others_go_in(tmp_path):
+    bad = tmp_path / "rank9.json"
+    bad.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2, "name": "x", "pid": 1, "tid": 1}, {"ph": ]}')
+    failed = []
+    trace = tracekit.open()
+    trace.add(RANKS[0], bad, RANKS[1], on_error=lambda path, e: failed.append((Path(path).name, str(e))))
+    assert [name for name, _ in failed] == ["rank9.json"] and "byte 91" in failed[0][1]
+    sources = [Path(r[0]).name for r in trace.sql("SELECT source FROM runs ORDER BY run_id").fetchall()]
+    assert sources == [RANKS[0].name, RANKS[1].name]
+    assert trace.sql("SELECT count(*) FROM ingest_pending").fetchall()[0][0] == 0
+    # without on_error the call ends at the bad file, the files before it kept and said so
+    with pytest.raises(TracekitError, match="rank9.json.*ingested and kept"):
+        tracekit.open(RANKS[0], RANKS[1], bad, RANKS[2])
+
+
+def test_a_file_given_twice_and_kept_twice():
+    trace = tracekit.open(RANKS[0], RANKS[0], same_content="keep")
+    counts = trace.sql("SELECT run_id, count(*) FROM event_rows GROUP BY 1 ORDER BY 1").fetchall()
+    assert len(counts) == 2 and counts[0][1] == counts[1][1] > 0
+
+
+def test_a_batch_is_bounded_by_files_and_bytes(monkeypatch):
+    monkeypatch.setattr(pipeline, "BATCH_FILES", 3)
+    assert _batch_sizes(tracekit.open(*RANKS)) == ["3"] * 6 + ["2"] * 2
+    largest = max(len(gzip.open(path).read()) for path in RANKS[:4])
+    monkeypatch.setattr(pipeline, "BATCH_FILES", 128)
+    monkeypatch.setattr(pipeline, "BATCH_BYTES", 2 * largest + largest // 2)  # two files, not three
+    assert _batch_sizes(tracekit.open(*RANKS[:4])) == ["2"] * 4
