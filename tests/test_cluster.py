@@ -284,8 +284,12 @@ def _worker_duckdb_threads():
 def test_local_workers_split_the_cores_for_duckdb_and_the_rules(monkeypatch):
     """Each local worker runs one chunk at a time on its share of the cores: two workers of a
     4-thread budget get two DuckDB threads each, not one per core each."""
+    import os
+
     from tracekit.cluster import backends
 
     monkeypatch.setenv("TRACEKIT_THREADS", "4")
     with backends.DaskBackend(workers=2) as backend:
         assert set(backend.client.run(_worker_duckdb_threads).values()) == {2}
+        # glibc's adaptive malloc is left alone (Dask's nanny would set a trim threshold: a slower ingest)
+        assert set(backend.client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}

@@ -146,3 +146,23 @@ def test_a_batch_is_bounded_by_files_and_bytes(monkeypatch):
     monkeypatch.setattr(pipeline, "BATCH_FILES", 128)
     monkeypatch.setattr(pipeline, "BATCH_BYTES", 2 * largest + largest // 2)  # two files, not three
     assert _batch_sizes(tracekit.open(*RANKS[:4])) == ["2"] * 4
+
+
+@pytest.mark.parametrize("threads, ahead", [("1", False), ("2", True)])
+def test_reads_run_ahead_only_beside_a_second_duckdb_thread(monkeypatch, threads, ahead):
+    """On one DuckDB thread a load takes the GIL back often, and a read ahead holding it (sampling a
+    file's keys) stalls it: the files are then read in turn, on the ingesting thread."""
+    import threading
+
+    monkeypatch.setenv("TRACEKIT_THREADS", threads)
+    where = []
+    read = kineto.read
+
+    def recording(*args, **kwargs):
+        where.append(threading.current_thread() is threading.main_thread())
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(kineto, "read", recording)
+    trace = tracekit.open(*RANKS[:3])
+    assert trace.sql("SELECT count(*) FROM runs").fetchall()[0][0] == 3
+    assert where == [not ahead] * 3

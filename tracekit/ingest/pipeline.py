@@ -218,7 +218,10 @@ def _ingest_all(
     # rows written without the run id sequence are looked for once per call (tracekit.db.pending)
     ids = _RunIds(pending.database_file(con))
     with ThreadPoolExecutor(max_workers=1) as pool:
-        reads = _Reads(pool, inputs, [first for first, _ in units], options, progress)
+        # On one DuckDB thread a statement runs on this thread and takes the GIL back often; a read
+        # ahead holding it (a reader's sampling) then stalls the load many times over: read in turn.
+        ahead = con.execute("SELECT current_setting('threads')").fetchone()[0] > 1
+        reads = _Reads(pool if ahead else None, inputs, [first for first, _ in units], options, progress)
         batch = _Batch(con, ids, results, after_run, on_error, rank)
         try:
             for unit, (first, log_indexes) in enumerate(units):
@@ -442,7 +445,7 @@ class _Reads:
 
     def __init__(self, pool, inputs: list[Input], firsts: list[int], options: dict, progress) -> None:
         self.pool, self.inputs, self.options, self.progress = pool, inputs, options, progress
-        self.ahead = [i for i in firsts if getattr(inputs[i].reader, "READ_AHEAD", False)]
+        self.ahead = [i for i in firsts if pool is not None and getattr(inputs[i].reader, "READ_AHEAD", False)]
         self.pending: dict = {}
         self._submit(0)
 
