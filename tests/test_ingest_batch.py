@@ -166,3 +166,23 @@ def test_reads_run_ahead_only_beside_a_second_duckdb_thread(monkeypatch, threads
     trace = tracekit.open(*RANKS[:3])
     assert trace.sql("SELECT count(*) FROM runs").fetchall()[0][0] == 3
     assert where == [not ahead] * 3
+
+
+def test_a_file_with_keys_of_its_own_loads_alone_between_batches(tmp_path, monkeypatch):
+    """A key outside the Trace Event Format's (kept in `extra`) takes a load of its own, and is kept
+    wherever in the file it is (past the first MiB a file loading alone samples); the files around
+    it still load in batches."""
+    import orjson
+
+    trace = orjson.loads(gzip.open(RANKS[1]).read())
+    trace["traceEvents"][-1]["seq_hint"] = 7  # the last event: past a sample of the file's head
+    odd = tmp_path / "rank1_with_key.json.gz"
+    odd.write_bytes(gzip.compress(orjson.dumps(trace)))
+    paths = [RANKS[0], RANKS[2], odd, RANKS[3], RANKS[4]]
+    batched = tracekit.open(*paths)
+    assert _batch_sizes(batched) == ["2", "2", None, "2", "2"]
+    assert _contents(batched) == _contents(_one_by_one(monkeypatch, *paths))
+    kept = batched.sql("SELECT extra->>'seq_hint' FROM event_rows WHERE run_id = 3 AND extra->>'seq_hint' IS NOT NULL")
+    assert kept.fetchall() == [("7",)]
+    noted = batched.sql("SELECT notes->'extra_event_keys' FROM ingest_log WHERE run_id = 3").fetchall()[0][0]
+    assert noted == '["seq_hint"]'

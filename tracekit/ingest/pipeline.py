@@ -288,6 +288,7 @@ def _may_batch(item: Input, log_indexes: list[int], offsets: dict, replaces) -> 
     reader = item.reader
     return (
         hasattr(reader, "load_batch")
+        and hasattr(reader, "batchable")
         and not log_indexes
         and not offsets.get(item.path, 0)
         and not replaces
@@ -328,7 +329,25 @@ class _Batch:
 
     def flush(self) -> None:
         items, self.items = self.items, []
-        if len(items) > 1:
+        if not items:
+            return
+        try:
+            together = items[0][0].reader.batchable(self.con, [part.export for part, _, _ in items])
+        except Exception:  # the reader's look failed: each file's own load says why, if it fails too
+            together = [False] * len(items)
+        # consecutive files that may load together do; the others alone, in input order
+        start = 0
+        try:
+            for end in range(1, len(items) + 1):
+                if end == len(items) or together[end] != together[start] or not together[start]:
+                    self._load(items[start:end], together[start])
+                    start = end
+        except BaseException:
+            _cleanup(*(part for part, _, _ in items[start + 1 :]))
+            raise
+
+    def _load(self, items: list, together: bool) -> None:
+        if together and len(items) > 1:
             try:
                 out = _ingest_batch(self.con, items, self.rank, self.ids)
             except Unbatched:
