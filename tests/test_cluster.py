@@ -289,6 +289,8 @@ def test_local_workers_split_the_cores_for_duckdb_and_the_rules(monkeypatch):
     from tracekit.cluster import backends
 
     monkeypatch.setenv("TRACEKIT_THREADS", "4")
+    # a nanny started earlier in this process sets it here too (Dask does so before it spawns)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
     with backends.DaskBackend(workers=2) as backend:
         assert set(backend.client.run(_worker_duckdb_threads).values()) == {2}
         # glibc's adaptive malloc is left alone (Dask's nanny would set a trim threshold: a slower ingest)

@@ -100,8 +100,10 @@ class DaskBackend:
                 # each worker runs one chunk at a time on its share of this machine's cores: DuckDB's
                 # default of a thread per core in every worker only makes them contend. Dask's nanny
                 # sets MALLOC_TRIM_THRESHOLD_ for its workers, which turns off glibc's adaptive mmap
-                # threshold: a chunk's ingest then ran 20-30% slower, at the same peak memory (two
-                # 32-rank chunks side by side: 1.3-1.5 s a chunk with it, 1.1-1.3 s without, 217-226 MB)
+                # threshold: a chunk's ingest then ran 10-30% slower, at the same peak memory (two
+                # 32-rank chunks side by side: 0.97-1.18 s a chunk with it, 0.87-1.07 s without, 214-218
+                # MB). A nanny also sets it in the process that starts it, so a later cluster of the
+                # same process inherits it: that one is the caller's to clear.
                 with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
                     self.cluster = distributed.LocalCluster(
                         n_workers=int(workers),
