@@ -604,27 +604,15 @@ def _insert(con, export: rows.Export, run_id: int, offset: int) -> None:
 
 
 def _derive(
-    con,
-    run_id: int,
-    main: Part,
-    attached: list,
-    span,
-    rank,
-    label,
-    started: float,
-    counts: int | None = None,
-    notes: dict | None = None,
-    moved_out: int = 0,
+    con, run_id: int, main: Part, attached: list, span, rank, label, started: float, **recorded
 ) -> list[IngestResult]:
-    """Entities, each reader's own step, nesting, the runs row and one ingest_log row per file (per rank
-    of a file split by process: `counts` rows moved into this run, `moved_out` rows moved from it)."""
+    """Entities, each reader's own step, nesting, then the run's rows (_record, which `recorded` goes to)."""
     fill_entities(con, run_id)
     for reader in dict.fromkeys([main.reader, *(log.reader for log, _, _ in attached)]):
         if hasattr(reader, "derive"):
             reader.derive(con, run_id)
     compute_nesting(con, run_id)
-    return _record(con, run_id, main, attached, span, rank, label, time.perf_counter() - started, counts, notes,
-                   moved_out)  # fmt: skip
+    return _record(con, run_id, main, attached, span, rank, label, time.perf_counter() - started, **recorded)
 
 
 def _record(
@@ -640,7 +628,8 @@ def _record(
     notes: dict | None = None,
     moved_out: int = 0,
 ) -> list[IngestResult]:
-    """The runs row and one ingest_log row per file of the run."""
+    """The runs row and one ingest_log row per file of the run (per rank of a file split by process:
+    `counts` rows moved into this run, `moved_out` rows moved from it)."""
     run = runs.run_row(main.export, label, rank)
     runs.insert_run(con, run_id, run, span or runs.window(con, run_id, run["format"]))
     notes = {**main.export.notes, **main.input.notes, **(notes or {})}
