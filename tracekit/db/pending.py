@@ -34,8 +34,10 @@ def take_run_ids(con, count: int = 1, floor: int | None = None) -> list[int]:
     run id the tables hold, rows written without the sequence included (an older tracekit, or by
     hand); `floor`, when given, stands for that largest id: reading it costs a look at every table
     (4 ms a file on a fresh database), so an ingest of many files looks once and then counts on from
-    the ids it gave, since while it holds the database nothing else writes to it."""
-    ensure_sequence(con)
+    the ids it gave, since while it holds the database nothing else writes to it; a caller that knows
+    the floor has taken ids before, so the sequence exists."""
+    if floor is None:
+        ensure_sequence(con)
     ids = [con.execute("SELECT nextval('run_ids')").fetchone()[0] for _ in range(count)]
     floor = _max_run_id(con) if floor is None else floor
     if ids[0] <= floor:  # rows written without the sequence (an older tracekit, or by hand)

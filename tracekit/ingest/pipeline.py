@@ -396,10 +396,11 @@ def _ingest_batch(con, items: list, rank, ids: _RunIds) -> list[list[IngestResul
                 spans = runs.windows(con, run_ids, parts[0].export.format)
                 seconds = time.perf_counter() - min(started for _, _, started in items)
                 total = sum(part.export.bytes_read or 0 for part in parts) or 1
-                out = []
+                out, rows = [], runs.Rows()
                 for (part, label, _), run_id in zip(items, run_ids):
                     share = seconds * (part.export.bytes_read or 0) / total  # the batch's time, by size
-                    out.append(_record(con, run_id, part, [], spans[run_id], rank, label, share))
+                    out.append(_record(con, run_id, part, [], spans[run_id], rank, label, share, rows=rows))
+                rows.insert(con)
                 pending.finish(con, run_ids)
                 kill_points.reached("derived")
         kill_points.reached("committed")
@@ -423,25 +424,31 @@ def _without_duplicates(con, inputs: list[Input], units: list, same_content: str
     if same_content not in ("skip", "replace", "keep"):
         raise ValueError(f"same_content: skip, replace or keep, not {same_content!r}")
     kept, replaced, seen = [], {}, {}
+    for first, _ in units:
+        if inputs[first].path.exists():
+            inputs[first].notes["content_digest"] = content_digest(inputs[first].path)
+    digests = [inputs[first].notes["content_digest"] for first, _ in units if "content_digest" in inputs[first].notes]
+    holders = {}  # digest -> the runs holding it, one look for every input of the call
+    if digests and same_content != "keep":
+        holders = dict(
+            con.execute(
+                "SELECT json_extract_string(notes, '$.content_digest') AS digest, list(DISTINCT run_id ORDER BY run_id) "
+                "FROM ingest_log WHERE list_contains($digests, json_extract_string(notes, '$.content_digest')) "
+                "GROUP BY digest",
+                {"digests": digests},
+            ).fetchall()
+        )
     for first, log_indexes in units:
         item = inputs[first]
-        if not item.path.exists():
+        if "content_digest" not in item.notes:  # a missing file: its read says so
             kept.append((first, log_indexes))
             continue
-        digest = content_digest(item.path)
-        item.notes["content_digest"] = digest
+        digest = item.notes["content_digest"]
         if same_content == "keep":
             kept.append((first, log_indexes))
             continue
         replace = same_content == "replace"
-        held = [
-            r[0]
-            for r in con.execute(
-                "SELECT DISTINCT run_id FROM ingest_log WHERE json_extract_string(notes, '$.content_digest') = ? "
-                "ORDER BY run_id",
-                [digest],
-            ).fetchall()
-        ]
+        held = holders.get(digest, [])
         found = None
         if digest in seen and not replace:
             found = Duplicate(str(item.path), [], str(seen[digest]))
@@ -627,19 +634,21 @@ def _record(
     counts: int | None = None,
     notes: dict | None = None,
     moved_out: int = 0,
+    rows: runs.Rows | None = None,
 ) -> list[IngestResult]:
     """The runs row and one ingest_log row per file of the run (per rank of a file split by process:
-    `counts` rows moved into this run, `moved_out` rows moved from it)."""
+    `counts` rows moved into this run, `moved_out` rows moved from it); into `rows` when given (a
+    batch inserts its runs' rows together)."""
     run = runs.run_row(main.export, label, rank)
-    runs.insert_run(con, run_id, run, span or runs.window(con, run_id, run["format"]))
+    runs.insert_run(con, run_id, run, span or runs.window(con, run_id, run["format"]), rows)
     notes = {**main.export.notes, **main.input.notes, **(notes or {})}
     if getattr(main.reader, "ATTACHABLE", False):
         notes["run"] = "a run of its own (no trace in the call to join)"
     out = [runs.result(main.export, run_id, run["rank"], seconds, counts=counts, moved_out=moved_out)]
-    runs.insert_log_row(con, out[0], notes)
+    runs.insert_log_row(con, out[0], notes, rows)
     for log, note, log_seconds in attached:
         out.append(runs.result(log.export, run_id, run["rank"], log_seconds, note.get("alignment")))
-        runs.insert_log_row(con, out[-1], {**note, **log.input.notes})
+        runs.insert_log_row(con, out[-1], {**note, **log.input.notes}, rows)
     return out
 
 
