@@ -94,6 +94,10 @@ def ingest(
     (its run rolled back) and the next input goes on, still read ahead while one loads (a cluster
     worker ingests its chunk in one call this way: one bad rank must not end the chunk); without
     it the first such input ends the call.
+
+    Consecutive small traces whose reader can (`load_batch`, `batchable`: Kineto/Chrome JSON up to
+    8 MiB) load in batches of up to BATCH_FILES files or BATCH_BYTES: one transaction and a few
+    statements for the batch, each file still its own run with its own rows (see _Batch).
     """
     tempfiles.sweep(tmpdir)  # what killed ingests staged
     # asked now: a write that finds the disk full invalidates the connection
