@@ -20,6 +20,7 @@ from pathlib import Path
 
 import orjson
 
+from tracekit.db.run_set import OF_RUNS, of_runs
 from tracekit.db.schema import CATEGORY_KINDS, DEVICE_KINDS
 from tracekit.errors import InputError
 from tracekit.parsers import chrome_pairs, json_slice
@@ -260,7 +261,7 @@ def load(
         if "maximum_object_size" in text and max_object_bytes < MAX_OBJECT_LIMIT:
             raise _ReadAgain(**{**options, "max_object_bytes": min(max_object_bytes * 16, MAX_OBJECT_LIMIT)}) from None
         raise
-    if not exact and _lost_fractions(con, run_id, _base_time_ns(staged.metadata)):
+    if not exact and _lost_fractions(con, [run_id], [_base_time_ns(staged.metadata)]):
         raise _ReadAgain(**{**options, "exact": True})
     counts["notes"].update(_ts_notes(exact))
     return counts
@@ -296,12 +297,34 @@ def _needs_exact_ts(array_path: Path) -> bool:
     return False
 
 
-def _lost_fractions(con, run_id: int, base_ns: int) -> bool:
-    """A large ts read as a double whose ns part is not whole microseconds: the text had a fraction."""
+def _lost_fractions(con, run_ids: list[int], bases_ns: list[int]) -> bool:
+    """A large ts read as a double whose ns part is not whole microseconds, in any of these runs (each
+    with its base time): the text had a fraction."""
     return con.execute(
-        "SELECT EXISTS (SELECT 1 FROM event_rows WHERE run_id = ? AND abs(ts_ns - ?) >= ? AND ts_ns % 1000 <> 0)",
-        [run_id, base_ns, int(DOUBLE_EXACT_US * 1000)],
+        f"SELECT EXISTS (SELECT 1 FROM event_rows WHERE {OF_RUNS} "
+        f"AND abs(ts_ns - {list(bases_ns)}[list_position($run_ids, run_id)]) >= {int(DOUBLE_EXACT_US * 1000)} "
+        "AND ts_ns % 1000 <> 0)",
+        of_runs(run_ids),
     ).fetchone()[0]
+
+
+def _take_skipped(con, run_ids: list[int]) -> dict[int, Counter]:
+    """The rows of these runs the insert marked `_skip:<reason>`, counted by run and reason, then deleted."""
+    skip = f"{OF_RUNS} AND kind LIKE '\\_skip:%' ESCAPE '\\'"
+    skipped: dict[int, Counter] = {run_id: Counter() for run_id in run_ids}
+    for run_id, reason, count in con.execute(
+        f"SELECT run_id, substr(kind, 7), count(*) FROM event_rows WHERE {skip} GROUP BY ALL ORDER BY ALL",
+        of_runs(run_ids),
+    ).fetchall():
+        skipped[run_id][reason] = count
+    if any(skipped.values()):
+        con.execute(f"DELETE FROM event_rows WHERE {skip}", of_runs(run_ids))
+    return skipped
+
+
+def _columns_sql(columns: dict) -> str:
+    """read_json's `columns` argument: a struct literal of name -> type."""
+    return "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
 
 
 def _ts_ns_expr(exact: bool) -> str:
@@ -361,7 +384,7 @@ def _load(
         columns["ts"] = "DECIMAL(38,3)"
     for key in extra:
         columns[key] = "JSON"
-    columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
+    columns_sql = _columns_sql(columns)
     extra_sql = "json_object(" + ", ".join(f'{_sql_str(k)}, "{k}"' for k in extra) + ")" if extra else "NULL::JSON"
     base_ns = _base_time_ns(staged.metadata)
     ignore_errors = "true" if ignore_errors else "false"
@@ -387,14 +410,7 @@ def _load(
     if generic:
         notes.update(_fold_generic(con, run_id, exact, base_ns))
     con.execute(f"DROP TABLE {RAW_TABLE}")
-    skipped = dict(
-        con.execute(
-            "SELECT substr(kind, 7), count(*) FROM event_rows WHERE run_id = ? AND kind LIKE '\\_skip:%' ESCAPE '\\' GROUP BY 1",
-            [run_id],
-        ).fetchall()
-    )
-    if skipped:
-        con.execute("DELETE FROM event_rows WHERE run_id = ? AND kind LIKE '\\_skip:%' ESCAPE '\\'", [run_id])
+    skipped = dict(_take_skipped(con, [run_id])[run_id])
     read = after - before
     if extra:
         notes["extra_event_keys"] = extra
@@ -472,8 +488,7 @@ def load_batch(con, items: list[tuple[Export, int]]) -> None:
         raise Unbatched("a file twice in one batch")
     part_runs = [run_id for (_, run_id), s in zip(items, staged) for _ in s.parts]
     part_bases = [_base_time_ns(s.metadata) for s in staged for _ in s.parts]
-    columns = dict(EVENT_COLUMNS) | ({"ts": "DECIMAL(38,3)"} if exact else {})
-    columns_sql = "{" + ", ".join(f"{_sql_str(k)}: {_sql_str(v)}" for k, v in columns.items()) + "}"
+    columns_sql = _columns_sql(dict(EVENT_COLUMNS) | ({"ts": "DECIMAL(38,3)"} if exact else {}))
     try:
         con.execute(
             f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT *, list_position($parts, filename) AS _part "
@@ -491,28 +506,9 @@ def load_batch(con, items: list[tuple[Export, int]]) -> None:
     by_part = dict(con.execute(f"SELECT _part, count(*) FROM {RAW_TABLE} GROUP BY _part").fetchall())
     con.execute(f"DROP TABLE {RAW_TABLE}")
     run_ids = [run_id for _, run_id in items]
-    runs = {"run_ids": run_ids, "first": min(run_ids), "last": max(run_ids)}
-    of_runs = "run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id)"
-    bases = [_base_time_ns(s.metadata) for s in staged]
-    lost = (
-        not exact
-        and con.execute(
-            f"SELECT EXISTS (SELECT 1 FROM event_rows WHERE {of_runs} "
-            f"AND abs(ts_ns - {bases}[list_position($run_ids, run_id)]) >= {int(DOUBLE_EXACT_US * 1000)} "
-            "AND ts_ns % 1000 <> 0)",
-            runs,
-        ).fetchone()[0]
-    )
-    if lost:  # a double lost a timestamp's fraction: that file loads alone, with exact timestamps
-        raise Unbatched("timestamps that need DECIMAL")
-    skip = f"{of_runs} AND kind LIKE '\\_skip:%' ESCAPE '\\'"
-    skipped: dict[int, Counter] = {run_id: Counter() for run_id in run_ids}
-    for run_id, reason, count in con.execute(
-        f"SELECT run_id, substr(kind, 7), count(*) FROM event_rows WHERE {skip} GROUP BY ALL ORDER BY ALL", runs
-    ).fetchall():
-        skipped[run_id][reason] = count
-    if any(skipped.values()):
-        con.execute(f"DELETE FROM event_rows WHERE {skip}", runs)
+    if not exact and _lost_fractions(con, run_ids, [_base_time_ns(s.metadata) for s in staged]):
+        raise Unbatched("timestamps that need DECIMAL")  # a double lost a fraction: each file alone, exactly
+    skipped = _take_skipped(con, run_ids)
     read: Counter = Counter()
     for part, count in by_part.items():
         read[part_runs[part - 1]] += count

@@ -103,10 +103,12 @@ def check(con, params, ctx):
         median = statistics.median(link.gbps for link in same)
         if median <= 0:
             continue
-        for link in same:
-            if link.gbps <= params["max_ratio"] * median:
-                (window,) = con.execute(WINDOW_SQL, {"run_id": run_id}).fetchone()
-                yield _finding(ctx, params, link, median, len(same), int(window or link.ns))
+        slow = [link for link in same if link.gbps <= params["max_ratio"] * median]
+        if not slow:
+            continue
+        (window,) = con.execute(WINDOW_SQL, {"run_id": run_id}).fetchone()  # once per run, not per link
+        for link in slow:
+            yield _finding(ctx, params, link, median, len(same), int(window or link.ns))
 
 
 def _finding(ctx, params, link, median: float, siblings: int, window_ns: int) -> Finding:

@@ -7,6 +7,7 @@ device and stream) is a stream, not a host thread.
 
 from __future__ import annotations
 
+from tracekit.db.run_set import OF_RUNS, of_runs
 from tracekit.db.schema import DEVICE_KINDS
 
 
@@ -14,15 +15,10 @@ def _sql_str(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-# the range lets DuckDB skip the row groups of other runs; the list says which runs of it
-OF_RUNS = "run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id)"
-
-
 def fill_entities(con, run_ids: int | list[int]) -> None:
     """processes / threads / streams of these runs (one statement each for a batch of files), from
     metadata events and from the tracks events use."""
-    run_ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
-    bounds = {"run_ids": run_ids, "first": min(run_ids), "last": max(run_ids)}
+    bounds = of_runs(run_ids)
     con.execute(
         f"""
         INSERT INTO processes

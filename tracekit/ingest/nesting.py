@@ -10,14 +10,15 @@ frame (`__enter__`) and close in another, so frames and ops do not nest with eac
 Python stack is found by time instead (tracekit.engine.toolkit.Context.code_path).
 """
 
-NESTING_SQL = """
+from tracekit.db.run_set import OF_RUNS, of_runs
+
+NESTING_SQL = f"""
 CREATE OR REPLACE TEMP TABLE _nesting AS
 WITH x AS (
     SELECT rowid AS id, hash(run_id, pid, tid, track, kind = 'python_function') AS track_key, ts_ns AS ts,
            ts_ns + dur_ns AS te, dur_ns
     FROM event_rows
-    -- the range lets DuckDB skip the row groups of other runs; the list says which runs of it
-    WHERE run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id)
+    WHERE {OF_RUNS}
       AND ph = 'X' AND dur_ns IS NOT NULL AND kind <> 'profiler_span'
       -- GPU work only nests under gpu_user_annotation ranges; without any in its run, its tracks are flat
       AND (kind NOT IN ('kernel', 'gpu_memcpy', 'gpu_memset') OR list_contains($gpu_ranges, run_id))
@@ -43,14 +44,11 @@ FROM starts c ASOF LEFT JOIN starts p
 def compute_nesting(con, run_ids: int | list[int]) -> None:
     """Sets parent_id/depth of nested events of these runs (one statement for a batch of files);
     roots keep NULL, which the events view shows as depth 0."""
-    run_ids = [run_ids] if isinstance(run_ids, int) else list(run_ids)
-    bounds = {"run_ids": run_ids, "first": min(run_ids), "last": max(run_ids)}
+    bounds = of_runs(run_ids)
     gpu_ranges = [
         r[0]
         for r in con.execute(
-            "SELECT DISTINCT run_id FROM event_rows WHERE run_id BETWEEN $first AND $last "
-            "AND list_contains($run_ids, run_id) AND kind = 'gpu_user_annotation'",
-            bounds,
+            f"SELECT DISTINCT run_id FROM event_rows WHERE {OF_RUNS} AND kind = 'gpu_user_annotation'", bounds
         ).fetchall()
     ]
     con.execute(NESTING_SQL, {**bounds, "gpu_ranges": gpu_ranges})

@@ -3,6 +3,7 @@ derive what every format shares. The next input that reads ahead is read while t
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 import time
@@ -25,7 +26,6 @@ from tracekit.ingest.offsets import measure
 from tracekit.ingest.runs import Duplicate, IngestResult
 from tracekit.ingest.transaction import delete_rows, run_or_nothing, transaction
 from tracekit.parsers import rows
-from tracekit.parsers.rows import Unbatched
 
 __all__ = ["IngestResult", "ingest", "plan"]
 
@@ -230,23 +230,9 @@ def _ingest_all(
         try:
             for unit, (first, log_indexes) in enumerate(units):
                 label = labels[unit] if labels and unit < len(labels) else None  # one label per run
-                if _may_batch(inputs[first], log_indexes, offsets, replaced.get(first)):
-                    started = time.perf_counter()
-                    try:
-                        part = reads.get(first)
-                    except Exception as e:
-                        if on_error is None:
-                            batch.flush()  # the inputs before this one go in, as they would have one by one
-                            raise
-                        on_error(inputs[first].path, e)
-                        continue
-                    if part.export.batch is not None:
-                        batch.add(part, label, started)
-                        continue
-                    batch.flush()
-                    _one_run(con, [part], started, rank, label, align, offsets, [], ids, results, after_run, on_error)
-                    continue
-                batch.flush()
+                may_batch = _may_batch(inputs[first], log_indexes, offsets, replaced.get(first))
+                if not may_batch:
+                    batch.flush()  # the files before this one go in first, as they would one by one
                 parts: list[Part] = []
                 try:
                     # logs are read first, so that one that cannot be read stops the run before any of it is loaded
@@ -256,9 +242,14 @@ def _ingest_all(
                 except Exception as e:
                     _cleanup(*parts)
                     if on_error is None:
+                        batch.flush()
                         raise
                     on_error(inputs[first].path, e)
                     continue
+                if may_batch and parts[-1].export.batch is not None:
+                    batch.add(parts[-1], label, started)
+                    continue
+                batch.flush()
                 _one_run(con, parts, started, rank, label, align, offsets, replaced.get(first, []), ids, results,
                          after_run, on_error)  # fmt: skip
             batch.flush()
@@ -336,29 +327,27 @@ class _Batch:
         if not items:
             return
         try:
-            together = items[0][0].reader.batchable(self.con, [part.export for part, _, _ in items])
+            flags = items[0][0].reader.batchable(self.con, [part.export for part, _, _ in items])
         except Exception:  # the reader's look failed: each file's own load says why, if it fails too
-            together = [False] * len(items)
+            flags = [False] * len(items)
         # consecutive files that may load together do; the others alone, in input order
-        start = 0
+        done = 0
         try:
-            for end in range(1, len(items) + 1):
-                if end == len(items) or together[end] != together[start] or not together[start]:
-                    self._load(items[start:end], together[start])
-                    start = end
+            for together, group in itertools.groupby(zip(items, flags), key=lambda pair: pair[1]):
+                group = [item for item, _ in group]
+                self._load(group, together)
+                done += len(group)
         except BaseException:
-            _cleanup(*(part for part, _, _ in items[start + 1 :]))
+            _cleanup(*(part for part, _, _ in items[done + 1 :]))  # what _load did not reach
             raise
 
     def _load(self, items: list, together: bool) -> None:
         if together and len(items) > 1:
             try:
                 out = _ingest_batch(self.con, items, self.rank, self.ids)
-            except Unbatched:
-                out = None
             except Exception:
-                # a failure the batch cannot place (a full disk, a reader's bug): each file alone says
-                # which file, and with on_error the others still go in
+                # rolled back (the reader's Unbatched, a full disk, a reader's bug): each file alone says
+                # what it needs or which file failed, and with on_error the others still go in
                 out = None
             if out is not None:
                 _cleanup(*(part for part, _, _ in items))

@@ -9,6 +9,7 @@ from pathlib import Path
 import orjson
 
 from tracekit import compression
+from tracekit.db.run_set import OF_RUNS, of_runs
 
 RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 
@@ -84,13 +85,7 @@ def run_row(export, label: str | None, rank: int | None) -> dict:
 
 def window(con, run_id: int, fmt: str) -> tuple[int | None, int | None]:
     """(first start, last end) of the run's events: the analysed window."""
-    return con.execute(
-        "SELECT min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM event_rows "
-        "WHERE run_id = ? AND kind NOT IN ('metadata', 'profiler_span') "
-        # a trace's window is the profiler's: runtime events it is given may reach far beyond it
-        "AND (kind <> 'runtime_event' OR ? = 'runtime_events')",
-        [run_id, fmt],
-    ).fetchone()
+    return windows(con, [run_id], fmt)[run_id]
 
 
 def windows(con, run_ids: list[int], fmt: str) -> dict[int, tuple[int | None, int | None]]:
@@ -99,10 +94,10 @@ def windows(con, run_ids: list[int], fmt: str) -> dict[int, tuple[int | None, in
         run_id: (start, end)
         for run_id, start, end in con.execute(
             "SELECT run_id, min(ts_ns), max(ts_ns + coalesce(dur_ns, 0)) FROM event_rows "
-            "WHERE run_id BETWEEN $first AND $last AND list_contains($run_ids, run_id) "
-            "AND kind NOT IN ('metadata', 'profiler_span') AND (kind <> 'runtime_event' OR $fmt = 'runtime_events') "
-            "GROUP BY run_id",
-            {"run_ids": list(run_ids), "first": min(run_ids), "last": max(run_ids), "fmt": fmt},
+            f"WHERE {OF_RUNS} AND kind NOT IN ('metadata', 'profiler_span') "
+            # a trace's window is the profiler's: runtime events it is given may reach far beyond it
+            "AND (kind <> 'runtime_event' OR $fmt = 'runtime_events') GROUP BY run_id",
+            {**of_runs(run_ids), "fmt": fmt},
         ).fetchall()
     }
     return {run_id: found.get(run_id, (None, None)) for run_id in run_ids}
