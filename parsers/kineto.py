@@ -284,17 +284,16 @@ def exact_json_decimals() -> bool:
     return int(duckdb.__version__.split(".")[0]) >= 2
 
 
-TS_SAMPLE = re.compile(rb'"ts"\s*:\s*(-?\d+)(?:\.(\d+))?')
 DOUBLE_EXACT_US = 4e12  # below this, ts * 1000 with 3 decimals stays under 2**53
+# a ts of at least DOUBLE_EXACT_US (4 followed by 12 digits, or 14 digits and more) with a fraction
+# that is not all zeros: one search, which stops at the first
+EXACT_TS = re.compile(rb'"ts"\s*:\s*-?0*(?:[4-9]\d{12}|[1-9]\d{13,})\.\d*[1-9]')
 
 
 def _needs_exact_ts(array_path: Path) -> bool:
     with open(array_path, "rb") as f:
         head = f.read(1 << 20)
-    for whole, frac in TS_SAMPLE.findall(head):
-        if frac and frac.strip(b"0") and abs(int(whole)) >= DOUBLE_EXACT_US:
-            return True
-    return False
+    return EXACT_TS.search(head) is not None
 
 
 def _lost_fractions(con, run_ids: list[int], bases_ns: list[int]) -> bool:

@@ -6,14 +6,17 @@ streams too) or a zip archive of one file, told apart by its first bytes, never 
 small file that inflates to gigabytes costs nothing to classify, and damaged data only shortens
 it (`prefix` also says where it broke). `chunks` gives the whole content in pieces of bounded
 size, however much one compressed byte inflates to; damaged or truncated data raises
-`BrokenStream`, an InputError that names the compressed byte where it broke.
+`BrokenStream`, an InputError that names the compressed byte where it broke. Inside `keep_whole`,
+a small compressed input whose prefix was all of it is not inflated again by `chunks`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import lzma
 import os
 import tempfile
+import threading
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -93,7 +96,10 @@ def prefix(path: Path, n: int) -> Prefix:
                 out.append(piece)
         except BrokenStream as e:
             return Prefix(b"".join(out), e)
-        return Prefix(b"".join(out))
+        data = b"".join(out)
+        if len(data) < n:  # the whole content, which the read that follows may take instead of inflating it again
+            _keep(path, data)
+        return Prefix(data)
 
 
 def _decompressor(compression: str):
@@ -178,6 +184,12 @@ def chunks(path: Path, size: int = CHUNK) -> Iterator[bytes]:
     with f:
         compression = compression_of(f.read(6))
         f.seek(0)
+        kept = _take(path) if compression in (GZIP, XZ) else None
+        if kept is not None:
+            piece = size * MAX_EXPANSION
+            for start in range(0, len(kept), piece):
+                yield kept[start : start + piece]
+            return
         if compression is None:
             while data := f.read(size):
                 yield data
@@ -247,3 +259,61 @@ def inflated_size(path: Path) -> int:
         return size
     except (OSError, zipfile.BadZipFile):
         return 0  # reported by the reader, with its name
+
+
+# --------------------------------------------------------------------------------------------- kept whole
+
+# Ingest recognises every input by its prefix, then reads each: a small compressed file (a rank's
+# trace of about 1 MB) would be inflated twice, which is a fifth of its ingest. Inside `keep_whole`,
+# the content of a compressed input whose prefix was all of it is kept, up to KEEP_BYTES in all (the
+# first inputs recognised, which are read first), and `chunks` hands it out once instead of inflating
+# the file again, while the file's size and mtime are those it was read at.
+KEEP_BYTES = 64 << 20
+_kept: dict[tuple, bytes] = {}
+_kept_state = {"depth": 0, "bytes": 0}
+_kept_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def keep_whole():
+    """A scope (one ingest call) in which a small compressed input is inflated once; what it kept goes with it."""
+    with _kept_lock:
+        _kept_state["depth"] += 1
+    try:
+        yield
+    finally:
+        with _kept_lock:
+            _kept_state["depth"] -= 1
+            if not _kept_state["depth"]:
+                _kept.clear()
+                _kept_state["bytes"] = 0
+
+
+def _identity(path: Path) -> tuple | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return os.path.abspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _keep(path: Path, content: bytes) -> None:
+    if not _kept_state["depth"]:
+        return
+    key = _identity(path)
+    with _kept_lock:
+        if key is None or key in _kept or _kept_state["bytes"] + len(content) > KEEP_BYTES:
+            return
+        _kept[key] = content
+        _kept_state["bytes"] += len(content)
+
+
+def _take(path: Path) -> bytes | None:
+    if not _kept:
+        return None
+    key = _identity(path)
+    with _kept_lock:
+        content = _kept.pop(key, None)
+        if content is not None:
+            _kept_state["bytes"] -= len(content)
+    return content

@@ -38,7 +38,8 @@ def take_run_ids(con, count: int = 1, floor: int | None = None) -> list[int]:
     the floor has taken ids before, so the sequence exists."""
     if floor is None:
         ensure_sequence(con)
-    ids = [con.execute("SELECT nextval('run_ids')").fetchone()[0] for _ in range(count)]
+    ids = con.execute("SELECT list(id ORDER BY id) FROM (SELECT nextval('run_ids') AS id FROM range(?))", [count])
+    ids = ids.fetchone()[0]
     floor = _max_run_id(con) if floor is None else floor
     if ids[0] <= floor:  # rows written without the sequence (an older tracekit, or by hand)
         ids = [floor + 1 + i for i in range(count)]
@@ -47,24 +48,30 @@ def take_run_ids(con, count: int = 1, floor: int | None = None) -> list[int]:
 
 def begin(
     con,
-    source: str,
+    source: str | list[str],
     count: int = 1,
     floor: int | None = None,
     database: str | None = None,
     reuse: list[int] | None = None,
 ) -> list[int]:
     """Run ids for an ingest (or copy) of `source`, recorded in `ingest_pending` (committed) before
-    any of their rows. `floor`: see take_run_ids; `database`: database_file(con), when the caller
-    knows it; `reuse`: ids this process took before and gave up unused (a batch rolled back, whose
-    files load one by one under the ids the batch had for them), taken instead of new ones."""
+    any of their rows: `count` of them, or with a list of sources (the files of a batch) one for
+    each, in order, in one statement. `floor`: see take_run_ids; `database`: database_file(con), when
+    the caller knows it; `reuse`: ids this process took before and gave up unused (a batch rolled
+    back, whose files load one by one under the ids the batch had for them), taken instead of new
+    ones."""
     from datetime import datetime, timezone
 
-    run_ids = list(reuse) if reuse else take_run_ids(con, count, floor)
+    sources = source if isinstance(source, list) else [source] * count
+    run_ids = list(reuse) if reuse else take_run_ids(con, len(sources), floor)
     database = database_file(con) if database is None else database
     with _LIVE_LOCK:
         _LIVE.update((database, r) for r in run_ids)
     now = datetime.now(timezone.utc).replace(tzinfo=None)
-    con.executemany("INSERT INTO ingest_pending VALUES (?, ?, ?, ?)", [[r, os.getpid(), source, now] for r in run_ids])
+    con.execute(
+        "INSERT INTO ingest_pending SELECT unnest($ids), $pid, unnest($sources), $now",
+        {"ids": run_ids, "pid": os.getpid(), "sources": sources, "now": now},
+    )
     return run_ids
 
 

@@ -129,6 +129,7 @@ def _room_needed(paths, temporary: str, database: str | None) -> dict[str, int]:
     return needs
 
 
+@compression.keep_whole()  # a small compressed input is inflated once: to be recognised, and read from that
 def _ingest(
     con,
     paths,
@@ -376,8 +377,7 @@ def _ingest_batch(con, items: list, rank, ids: _RunIds) -> list[list[IngestResul
     parts = [part for part, _, _ in items]
     run_ids: list[int] = []
     try:
-        for part in parts:
-            run_ids += ids.begin(con, str(part.export.source))
+        run_ids += ids.begin(con, [str(part.export.source) for part in parts])
         with run_or_nothing(con, run_ids):
             with transaction(con):
                 parts[0].reader.load_batch(con, [(part.export, run_id) for part, run_id in zip(parts, run_ids)])
@@ -513,7 +513,11 @@ class _RunIds:
     # ids a batch took and gave back when it was rolled back: its files take them again, in order
     unused: list[int] = field(default_factory=list)
 
-    def begin(self, con, source: str) -> list[int]:
+    def begin(self, con, source: str | list[str]) -> list[int]:
+        """The run ids of one file's run (more when it splits by process), or of each file of a
+        list (a batch), in one statement when none is to be taken again."""
+        if isinstance(source, list) and self.unused:
+            return [run_id for one in source for run_id in self.begin(con, one)]
         if self.floor is not None and self.last:
             self.floor = max(self.floor, *self.last)
         reuse = [self.unused.pop(0)] if self.unused else None

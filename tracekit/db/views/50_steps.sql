@@ -307,14 +307,21 @@ WITH _w AS MATERIALIZED (
 ), _run_thread AS (
     SELECT run_id, any_value(pid) AS pid, any_value(tid) AS tid, min(depth) AS depth, any_value(name) AS name
     FROM _w GROUP BY run_id
-), _host_intervals AS (
-    -- the step thread's host work below the step annotation (the annotation itself covers the step)
-    SELECT e.run_id, 0 AS lane, e.ts_ns, e.end_ns
+), _host_events AS (
+    -- (`thread_step`, not `step_name`: a column named after the macro's parameter would be replaced by it)
+    SELECT e.run_id, e.ts_ns, e.end_ns, e.kind, e.name, t.name AS thread_step
     FROM events e JOIN _run_thread t ON e.run_id = t.run_id AND e.pid = t.pid AND e.tid = t.tid
     WHERE e.ph = 'X' AND e.dur_ns > 0 AND e.depth > t.depth AND NOT is_device_kind(e.kind)
       AND e.kind NOT IN ('python_function', 'profiler_span', 'overhead')
-      AND NOT (t.name IS NOT NULL AND e.kind IN ('user_annotation', 'cpu_op')
-               AND name_key(e.name) = t.name)
+), _host_keys AS MATERIALIZED (
+    -- each distinct name's key once, not every event's (name_key is five regular expressions)
+    SELECT name, name_key(name) AS key
+    FROM (SELECT DISTINCT name FROM _host_events WHERE thread_step IS NOT NULL AND kind IN ('user_annotation', 'cpu_op'))
+), _host_intervals AS (
+    -- the step thread's host work below the step annotation (the annotation itself covers the step)
+    SELECT h.run_id, 0 AS lane, h.ts_ns, h.end_ns
+    FROM _host_events h LEFT JOIN _host_keys k ON k.name = h.name
+    WHERE NOT (h.thread_step IS NOT NULL AND h.kind IN ('user_annotation', 'cpu_op') AND k.key = h.thread_step)
 ), _host_blocks AS (
     SELECT * FROM interval_union('_host_intervals')
 ), _hw AS (

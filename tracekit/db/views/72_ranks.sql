@@ -286,7 +286,7 @@ WITH chosen AS (
 ), timed AS (
     SELECT e.run_id, s.rank, e.event_id, e.tid, e.ts_ns, e.end_ns,
            CASE WHEN e.kind = 'kernel' THEN 'gpu' ELSE 'host' END AS layer,
-           name_key(e.name) AS name, e.depth, e.dur_ns
+           e.name, e.depth, e.dur_ns
     FROM chosen s JOIN events e ON e.run_id = s.run_id AND e.ts_ns >= s.start_ns AND e.ts_ns < s.iteration_end_ns
     WHERE e.kind IN ('cpu_op', 'user_annotation', 'kernel') AND e.dur_ns IS NOT NULL
       -- the step annotations themselves are the window, not work in it
@@ -311,11 +311,16 @@ WITH chosen AS (
 ), own AS (
     SELECT t.*, greatest(t.dur_ns - coalesce(n.nested_ns, 0) - coalesce(w.waited_ns, 0), 0) AS self_ns
     FROM timed t LEFT JOIN nested n USING (event_id) LEFT JOIN waited w USING (event_id)
+), by_name AS (
+    -- by the name as written first, so that name_key (five regular expressions) runs once per name
+    SELECT run_id, rank, layer, name, min(depth) AS depth, count(*) AS calls, sum(dur_ns) AS total_ns,
+           sum(self_ns) AS self_ns
+    FROM own GROUP BY run_id, rank, layer, name
 )
-SELECT o.run_id, o.rank, o.layer, o.name, min(o.depth), c.steps, count(*), sum(o.dur_ns), sum(o.self_ns),
-       sum(o.dur_ns) / c.steps, sum(o.self_ns) / c.steps
-FROM own o JOIN counted c USING (run_id)
-GROUP BY o.run_id, o.rank, o.layer, o.name, c.steps;
+SELECT o.run_id, o.rank, o.layer, name_key(o.name), min(o.depth), c.steps, CAST(sum(o.calls) AS BIGINT),
+       sum(o.total_ns), sum(o.self_ns), sum(o.total_ns) / c.steps, sum(o.self_ns) / c.steps
+FROM by_name o JOIN counted c USING (run_id)
+GROUP BY o.run_id, o.rank, o.layer, name_key(o.name), c.steps;
 
 -- Per run that has a rank, how much input each host op took per step, input by input, over the
 -- iterations of `rank_measured_steps` (as `rank_op_times`): the element
@@ -347,12 +352,14 @@ WITH chosen AS (
     SELECT run_id, rank, start_ns, iteration_end_ns FROM rank_measured_steps
 ), counted AS (
     SELECT DISTINCT run_id, steps FROM rank_measured_steps
-), calls AS (
-    -- calls of one op with the same recorded shapes, together: their shapes are parsed once
+), calls AS MATERIALIZED (
+    -- calls of one op with the same recorded shapes, together: their shapes are parsed once. The calls
+    -- without shapes are a group of their own (NULL dims, left out by `inputs`): a filter on them here
+    -- would take the shapes out of every call's args twice
     SELECT e.run_id, s.rank, e.name, CAST(e.args->'Input Dims' AS VARCHAR) AS dims_text, count(*) AS n,
            sum(e.dur_ns) AS dur_ns
     FROM chosen s JOIN events e ON e.run_id = s.run_id AND e.ts_ns >= s.start_ns AND e.ts_ns < s.iteration_end_ns
-    WHERE e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL AND (e.args->'Input Dims') IS NOT NULL
+    WHERE e.kind = 'cpu_op' AND e.dur_ns IS NOT NULL
     GROUP BY ALL
 ), shaped AS (
     SELECT run_id, rank, name_key(name) AS name, n, dur_ns, TRY_CAST(CAST(dims_text AS JSON) AS JSON[]) AS dims
