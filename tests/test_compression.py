@@ -183,3 +183,58 @@ def test_a_json_bomb_fails_in_bounded_memory(tmp_path):
         tracemalloc.stop()
     assert peak < 64 << 20  # pieces and their copies, half the content at most (270 MB before)
     assert list(scratch.iterdir()) == []  # the staged parts are gone
+
+
+def _inflations(monkeypatch) -> list:
+    """Counts the decoders made: one per gzip member or xz stream inflated."""
+    made = []
+    real = compression._decompressor
+    monkeypatch.setattr(compression, "_decompressor", lambda kind: made.append(kind) or real(kind))
+    return made
+
+
+def test_inside_keep_whole_a_small_input_recognised_whole_is_not_inflated_again(tmp_path, monkeypatch):
+    paths = containers(tmp_path)
+    made = _inflations(monkeypatch)
+    with compression.keep_whole():
+        for name in ("gzip", "xz"):
+            assert compression.head(paths[name], len(CONTENT) + 1) == CONTENT
+            before = len(made)
+            assert b"".join(compression.chunks(paths[name], size=4096)) == CONTENT, name
+            assert len(made) == before, f"{name} inflated again"
+            # handed out once: a second read inflates
+            assert b"".join(compression.chunks(paths[name], size=4096)) == CONTENT, name
+            assert len(made) > before
+    assert not compression._kept
+
+
+def test_keep_whole_keeps_only_whole_content_of_an_unchanged_file_in_its_scope(tmp_path, monkeypatch):
+    paths = containers(tmp_path)
+    made = _inflations(monkeypatch)
+    # outside the scope, and a prefix shorter than the content: nothing kept
+    compression.head(paths["gzip"], len(CONTENT) + 1)
+    with compression.keep_whole():
+        compression.head(paths["xz"], 100)
+        assert not compression._kept
+        # a file rewritten between recognition and read is read as it is now
+        compression.head(paths["gzip"], len(CONTENT) + 1)
+        other = CONTENT.replace(b"cpu_op", b"CPU_OP") + b"\n"  # a new size, whatever the clock's grain
+        paths["gzip"].write_bytes(gzip.compress(other))
+        before = len(made)
+        assert b"".join(compression.chunks(paths["gzip"])) == other
+        assert len(made) > before
+    assert not compression._kept and compression._kept_state == {"depth": 0, "bytes": 0}
+
+
+def test_keep_whole_holds_at_most_keep_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(compression, "KEEP_BYTES", len(CONTENT) + len(CONTENT) // 2)
+    first, second = tmp_path / "a.gz", tmp_path / "b.gz"
+    first.write_bytes(gzip.compress(CONTENT))
+    second.write_bytes(gzip.compress(CONTENT))
+    with compression.keep_whole():
+        compression.head(first, len(CONTENT) + 1)
+        compression.head(second, len(CONTENT) + 1)
+        assert len(compression._kept) == 1 and compression._kept_state["bytes"] == len(CONTENT)
+        assert b"".join(compression.chunks(second)) == CONTENT
+        assert b"".join(compression.chunks(first)) == CONTENT
+        assert compression._kept_state["bytes"] == 0
