@@ -98,3 +98,24 @@ def test_a_folder_digest_follows_its_files(tmp_path, folder_reader):
     con = db.connect(None)
     ingest(con, [rank])
     assert ingest(con, [rank], same_content="skip") == []  # the same folder again is recognised
+
+
+def test_files_recognised_two_at_a_time_are_what_one_at_a_time_gives(tmp_path):
+    """classify_all: each file's reader as classify gives it, an unreadable one's error raised by
+    expand when its turn comes, and an ingest of good and bad files with on_error as before."""
+    from tracekit.errors import InputError
+
+    bad = tmp_path / "notes.txt"
+    bad.write_text("not a trace\n")
+    good = [sample("gloo_rank0.json.gz"), sample("cpu_two_threads.json.gz")]
+    known = inputs.classify_all([good[0], bad, good[1]], 2)
+    assert known[good[0]] is inputs.classify(good[0]) and known[good[1]] is inputs.classify(good[1])
+    assert isinstance(known[bad], InputError) and str(bad) in str(known[bad])
+    assert [i.reader for i in inputs.expand(good, dict(known))] == [known[good[0]], known[good[1]]]
+    with pytest.raises(InputError, match="not a format tracekit reads"):
+        inputs.expand([bad], dict(known))
+    con = db.connect(str(tmp_path / "t.duckdb"))
+    failed = []
+    done = ingest(con, [good[0], bad, good[1]], on_error=lambda path, e: failed.append((path, e)))
+    assert [r.source for r in done] == [str(good[0]), str(good[1])]
+    assert [str(path) for path, _ in failed] == [str(bad)]

@@ -50,16 +50,39 @@ def _natural(path: Path) -> list:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", str(path))]
 
 
-def expand(paths: list[Path], **options) -> list[Input]:
+def classify_all(paths: list[Path], threads: int, **options) -> dict:
+    """The reader of each file (or the error classify raised for it), `threads` files at a time:
+    recognising a file is mostly inflating its first MiB, which releases the GIL (64 ranks of about
+    1 MB: 0.20 s on one thread, 0.15 s on two)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(path: Path):
+        try:
+            return classify(path, **options)
+        except Exception as e:  # raised when its turn comes, as classify would have raised it then
+            return e
+
+    paths = list(dict.fromkeys(paths))
+    if threads < 2 or len(paths) < 2:
+        return {}
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return dict(zip(paths, pool.map(one, paths)))
+
+
+def expand(paths: list[Path], known: dict | None = None, **options) -> list[Input]:
     """Every input, a folder (a profiler's output directory, e.g. tensorboard_trace_handler's, one file
     per rank or worker) replaced by the files in it that a reader takes, in natural name order; the
     others are skipped and named in the notes of those runs. A folder a reader claims as a whole
     (parsers.claim: one rank's profiler output, such as torch_npu's `*_ascend_pt`) is one input, at
-    any depth, and its files are that reader's. A folder with none is an InputError."""
+    any depth, and its files are that reader's. A folder with none is an InputError. `known`: readers
+    (or errors) of files classify_all recognised already."""
     out = []
     for path in map(Path, paths):
         if not path.is_dir():
-            out.append(Input(path, classify(path, **options)))
+            reader = known.pop(path) if known and path in known else classify(path, **options)
+            if isinstance(reader, Exception):
+                raise reader
+            out.append(Input(path, reader))
             continue
         claimed = parsers.claim(path)
         if claimed is not None:

@@ -15,11 +15,12 @@ from pathlib import Path
 from tracekit import compression, tempfiles
 from tracekit import db as dbmod
 from tracekit.db import pending
+from tracekit.db.connection import usable_cpus
 from tracekit.errors import TracekitError, out_of_space
 from tracekit.ingest import kill_points, processes, runs
 from tracekit.ingest.digest import content_digest
 from tracekit.ingest.entities import fill_entities
-from tracekit.ingest.inputs import Input, classify, expand
+from tracekit.ingest.inputs import Input, classify, classify_all, expand
 from tracekit.ingest.native import export_native, is_native
 from tracekit.ingest.nesting import compute_nesting
 from tracekit.ingest.offsets import measure
@@ -151,6 +152,8 @@ def _ingest(
     failed = None if on_error is None else (lambda path, e: on_error(exported.get(path, path), e))
     try:
         options = {"metrics": tuple(metrics), "tmpdir": tmpdir}
+        files = [Path(p) for p in paths if not Path(p).is_dir() and not is_native(p)]
+        known = classify_all(files, min(2, usable_cpus()), **options)
         inputs = []
         for p in paths:
             try:
@@ -159,7 +162,7 @@ def _ingest(
                     exported[export] = p
                     offsets.setdefault(export, offsets.get(p, 0))
                     p = export
-                inputs += expand([p], **options)
+                inputs += expand([p], known, **options)
             except Exception as e:
                 if failed is None:
                     raise
