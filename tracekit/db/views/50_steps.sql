@@ -309,7 +309,7 @@ WITH _w AS MATERIALIZED (
     FROM _w GROUP BY run_id
 ), _host_events AS (
     -- (`thread_step`, not `step_name`: a column named after the macro's parameter would be replaced by it)
-    SELECT e.run_id, e.ts_ns, e.end_ns, e.kind, e.name, t.name AS thread_step
+    SELECT e.run_id, e.event_id, e.parent_id, e.ts_ns, e.end_ns, e.kind, e.name, t.name AS thread_step
     FROM events e JOIN _run_thread t ON e.run_id = t.run_id AND e.pid = t.pid AND e.tid = t.tid
     WHERE e.ph = 'X' AND e.dur_ns > 0 AND e.depth > t.depth AND NOT is_device_kind(e.kind)
       AND e.kind NOT IN ('python_function', 'profiler_span', 'overhead')
@@ -317,11 +317,17 @@ WITH _w AS MATERIALIZED (
     -- each distinct name's key once, not every event's (name_key is five regular expressions)
     SELECT name, name_key(name) AS key
     FROM (SELECT DISTINCT name FROM _host_events WHERE thread_step IS NOT NULL AND kind IN ('user_annotation', 'cpu_op'))
-), _host_intervals AS (
+), _host_work AS (
     -- the step thread's host work below the step annotation (the annotation itself covers the step)
-    SELECT h.run_id, 0 AS lane, h.ts_ns, h.end_ns
+    SELECT h.run_id, h.event_id, h.parent_id, h.ts_ns, h.end_ns
     FROM _host_events h LEFT JOIN _host_keys k ON k.name = h.name
     WHERE NOT (h.thread_step IS NOT NULL AND h.kind IN ('user_annotation', 'cpu_op') AND k.key = h.thread_step)
+), _host_intervals AS (
+    -- an event inside its parent, itself host work, adds nothing to their union: the union's windows
+    -- then sort the outer events only
+    SELECT c.run_id, 0 AS lane, c.ts_ns, c.end_ns
+    FROM _host_work c LEFT JOIN _host_work p ON p.event_id = c.parent_id
+    WHERE p.event_id IS NULL OR c.ts_ns < p.ts_ns OR c.end_ns > p.end_ns
 ), _host_blocks AS (
     SELECT * FROM interval_union('_host_intervals')
 ), _hw AS (
