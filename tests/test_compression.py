@@ -238,3 +238,19 @@ def test_keep_whole_holds_at_most_keep_bytes(tmp_path, monkeypatch):
         assert b"".join(compression.chunks(second)) == CONTENT
         assert b"".join(compression.chunks(first)) == CONTENT
         assert compression._kept_state["bytes"] == 0
+
+
+def test_gzip_reads_the_same_with_the_standard_library_inflater(tmp_path, monkeypatch):
+    """zlib-ng when installed, zlib otherwise: the same bytes, and the same error where data breaks."""
+    paths = containers(tmp_path)
+    broken = tmp_path / "broken.gz"
+    data = gzip.compress(CONTENT)
+    broken.write_bytes(data[: len(data) // 2] + bytes(64) + data[len(data) // 2 + 64 :])
+    seen = {}
+    for inflater in {compression._gzip, zlib}:
+        monkeypatch.setattr(compression, "_gzip", inflater)
+        assert b"".join(compression.chunks(paths["gzip"], size=4096)) == CONTENT
+        with pytest.raises(compression.BrokenStream) as e:
+            b"".join(compression.chunks(broken))
+        seen[inflater.__name__] = str(e.value).split("(")[0]
+    assert len(set(seen.values())) == 1, seen
