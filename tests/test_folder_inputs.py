@@ -101,14 +101,19 @@ def test_a_folder_digest_follows_its_files(tmp_path, folder_reader):
 
 
 def test_files_recognised_two_at_a_time_are_what_one_at_a_time_gives(tmp_path):
-    """classify_all: each file's reader as classify gives it, an unreadable one's error raised by
-    expand when its turn comes, and an ingest of good and bad files with on_error as before."""
+    """classify_all: each file's reader as classify gives it (on this thread and the pool's), an
+    unreadable one's error raised by expand when its turn comes, and an ingest of good and bad files
+    with on_error as before."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from tracekit.errors import InputError
 
     bad = tmp_path / "notes.txt"
     bad.write_text("not a trace\n")
     good = [sample("gloo_rank0.json.gz"), sample("cpu_two_threads.json.gz")]
-    known = inputs.classify_all([good[0], bad, good[1]], 2)
+    assert inputs.classify_all([good[0], bad, good[1]], None) == {}  # without a pool: each in its turn
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        known = inputs.classify_all([good[0], bad, good[1]], pool)
     assert known[good[0]] is inputs.classify(good[0]) and known[good[1]] is inputs.classify(good[1])
     assert isinstance(known[bad], InputError) and str(bad) in str(known[bad])
     assert [i.reader for i in inputs.expand(good, dict(known))] == [known[good[0]], known[good[1]]]

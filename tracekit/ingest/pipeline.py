@@ -15,7 +15,6 @@ from pathlib import Path
 from tracekit import compression, tempfiles
 from tracekit import db as dbmod
 from tracekit.db import pending
-from tracekit.db.connection import usable_cpus
 from tracekit.errors import TracekitError, out_of_space
 from tracekit.ingest import kill_points, processes, runs
 from tracekit.ingest.digest import content_digest
@@ -150,10 +149,15 @@ def _ingest(
     exported: dict[Path, Path] = {}  # export -> the native report it came from
     # the user's path of an input exported from a vendor's native report, not the export's
     failed = None if on_error is None else (lambda path, e: on_error(exported.get(path, path), e))
+    # One thread beside this one recognises files, then reads ahead. On one DuckDB thread a statement
+    # runs on this thread and takes the GIL back often; a read ahead holding it (a reader's sampling)
+    # would stall the load many times over: there, every file is recognised and read in turn.
+    beside = con.execute("SELECT current_setting('threads')").fetchone()[0] > 1
+    pool = ThreadPoolExecutor(max_workers=1) if beside else None
     try:
         options = {"metrics": tuple(metrics), "tmpdir": tmpdir}
         files = [Path(p) for p in paths if not Path(p).is_dir() and not is_native(p)]
-        known = classify_all(files, min(2, usable_cpus()), **options)
+        known = classify_all(files, pool, **options)
         inputs = []
         for p in paths:
             try:
@@ -171,6 +175,7 @@ def _ingest(
         try:
             _ingest_all(
                 con,
+                pool,
                 inputs,
                 options,
                 rank,
@@ -191,6 +196,8 @@ def _ingest(
             raise TracekitError(f"{e} (the inputs before it were ingested and kept: {kept})") from None
         results = done
     finally:
+        if pool is not None:
+            pool.shutdown()
         for export in exported:
             shutil.rmtree(export.parent, ignore_errors=True)
     for export, native in exported.items():
@@ -217,7 +224,7 @@ class Part:
 
 
 def _ingest_all(
-    con, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results,
+    con, pool, inputs: list[Input], options: dict, rank, labels, progress, align, offsets, same_content, duplicates, results,
     after_run=None, on_error=None,
 ) -> None:  # fmt: skip
     dbmod.bound_memory(con, dbmod.current_memory_hint(con) + sum(compression.inflated_size(i.path) for i in inputs))
@@ -225,42 +232,38 @@ def _ingest_all(
     units, replaced = _without_duplicates(con, inputs, units, same_content, duplicates)
     # rows written without the run id sequence are looked for once per call (tracekit.db.pending)
     ids = _RunIds(pending.database_file(con))
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # On one DuckDB thread a statement runs on this thread and takes the GIL back often; a read
-        # ahead holding it (a reader's sampling) then stalls the load many times over: read in turn.
-        ahead = con.execute("SELECT current_setting('threads')").fetchone()[0] > 1
-        reads = _Reads(pool if ahead else None, inputs, [first for first, _ in units], options, progress)
-        batch = _Batch(con, ids, results, after_run, on_error, rank)
-        try:
-            for unit, (first, log_indexes) in enumerate(units):
-                label = labels[unit] if labels and unit < len(labels) else None  # one label per run
-                may_batch = _may_batch(inputs[first], log_indexes, offsets, replaced.get(first))
-                if not may_batch:
-                    batch.flush()  # the files before this one go in first, as they would one by one
-                parts: list[Part] = []
-                try:
-                    # logs are read first, so that one that cannot be read stops the run before any of it is loaded
-                    parts += [reads.get(i) for i in log_indexes]
-                    started = time.perf_counter()  # the logs' own time is theirs
-                    parts.append(reads.get(first))
-                except Exception as e:
-                    _cleanup(*parts)
-                    if on_error is None:
-                        batch.flush()
-                        raise
-                    on_error(inputs[first].path, e)
-                    continue
-                if may_batch and parts[-1].export.batch is not None:
-                    batch.add(parts[-1], label, started)
-                    continue
-                batch.flush()
-                _one_run(con, parts, started, rank, label, align, offsets, replaced.get(first, []), ids, results,
-                         after_run, on_error)  # fmt: skip
+    reads = _Reads(pool, inputs, [first for first, _ in units], options, progress)
+    batch = _Batch(con, ids, results, after_run, on_error, rank)
+    try:
+        for unit, (first, log_indexes) in enumerate(units):
+            label = labels[unit] if labels and unit < len(labels) else None  # one label per run
+            may_batch = _may_batch(inputs[first], log_indexes, offsets, replaced.get(first))
+            if not may_batch:
+                batch.flush()  # the files before this one go in first, as they would one by one
+            parts: list[Part] = []
+            try:
+                # logs are read first, so that one that cannot be read stops the run before any of it is loaded
+                parts += [reads.get(i) for i in log_indexes]
+                started = time.perf_counter()  # the logs' own time is theirs
+                parts.append(reads.get(first))
+            except Exception as e:
+                _cleanup(*parts)
+                if on_error is None:
+                    batch.flush()
+                    raise
+                on_error(inputs[first].path, e)
+                continue
+            if may_batch and parts[-1].export.batch is not None:
+                batch.add(parts[-1], label, started)
+                continue
             batch.flush()
-        except BaseException:
-            batch.discard()
-            reads.discard()
-            raise
+            _one_run(con, parts, started, rank, label, align, offsets, replaced.get(first, []), ids, results,
+                     after_run, on_error)  # fmt: skip
+        batch.flush()
+    except BaseException:
+        batch.discard()
+        reads.discard()
+        raise
 
 
 def _one_run(con, parts: list, started, rank, label, align, offsets, replaces, ids, results, after_run,
