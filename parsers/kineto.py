@@ -440,7 +440,8 @@ def batchable(con, exports: list[Export]) -> list[bool]:
     a load of their own, and their loader is given what was found: every key outside the set (kept
     in `extra`; where a file loads alone from the start, only its first MiB is looked at), and
     whether a phase or key says it is a generic Chrome trace. One parallel scan of every event of
-    the files in DuckDB: about 1 ms a 0.9 MB rank, where _sample_keys costs 7 ms and holds the GIL."""
+    the files in DuckDB: about 1 ms a 0.9 MB rank, where _sample_keys costs 7 ms and holds the GIL.
+    Unbatched when the scan fails (a malformed file or a huge event): each file then loads alone."""
     items: list[_BatchItem] = [export.batch for export in exports]
     parts = [str(p) for item in items for p in item.staged.parts]
     owner = [k for k, item in enumerate(items) for _ in item.staged.parts]
@@ -458,8 +459,8 @@ def batchable(con, exports: list[Export]) -> list[bool]:
                 GROUP BY part HAVING len(keys) > 0 OR odd_phase OR not_object""",
             {"parts": parts, "known": list(EVENT_COLUMNS)},
         ).fetchall()
-    except Exception:  # duckdb.Error: a malformed file or a huge event; each file's own load says which
-        return [False] * len(exports)
+    except Exception as e:  # duckdb.Error: a malformed file or a huge event; each file's own load says which
+        raise Unbatched(str(e)) from None
     found: dict[int, tuple[set, bool]] = {}
     for part, keys, odd_phase, _ in odd:
         keys_so_far, generic = found.get(owner[part - 1], (set(), False))

@@ -22,7 +22,7 @@ EP_RANKS = sorted((ROOT / "tests/data/ep_matrix/w4/hot_expert").glob("rank*.json
 
 def _contents(trace) -> dict:
     """Every table a run's ingest writes, parents named by their content (not by rowid), the ingest
-    log without its timings and the batch's own note."""
+    log without its timings and the batch's own notes."""
     out = {
         "events": trace.sql(
             """SELECT e.* EXCLUDE (parent_id), p.name, p.ts_ns, p.tid,
@@ -30,7 +30,8 @@ def _contents(trace) -> dict:
                FROM event_rows e LEFT JOIN event_rows p ON p.rowid = e.parent_id ORDER BY e.run_id, k"""
         ).fetchall(),
         "log": trace.sql(
-            "SELECT * EXCLUDE (seconds, notes), json_merge_patch(notes, '{\"loaded_in_batch_of\": null}') "
+            "SELECT * EXCLUDE (seconds, notes), "
+            'json_merge_patch(notes, \'{"loaded_in_batch_of": null, "loaded_alone_after_batch": null}\') '
             "FROM ingest_log ORDER BY run_id"
         ).fetchall(),
     }
@@ -114,6 +115,8 @@ def test_a_batch_that_lost_fractions_loads_each_file_alone(monkeypatch):
     assert _batch_sizes(batched) == [None, None, None]
     types = {r[0] for r in batched.sql("SELECT notes->>'$.ts_type' FROM ingest_log").fetchall()}
     assert types == {"DECIMAL(38,3)"}
+    why = batched.sql("SELECT DISTINCT notes->>'$.loaded_alone_after_batch' FROM ingest_log").fetchall()
+    assert why == [("timestamps that need DECIMAL",)]
     monkeypatch.undo()
     assert _contents(batched) == _contents(tracekit.open(*RANKS[:3]))  # run ids too: the fallback reuses them
 
@@ -128,6 +131,7 @@ def test_a_bad_file_in_a_batch_is_named_and_the_others_go_in(tmp_path):
     sources = [Path(r[0]).name for r in trace.sql("SELECT source FROM runs ORDER BY run_id").fetchall()]
     assert sources == [RANKS[0].name, RANKS[1].name]
     assert trace.sql("SELECT count(*) FROM ingest_pending").fetchall()[0][0] == 0
+    assert _batch_sizes(trace) == ["2", "2"]  # its read failed: the batch held the others
     # without on_error the call ends at the bad file, the files before it kept and said so
     with pytest.raises(TracekitError, match="rank9.json.*ingested and kept"):
         tracekit.open(RANKS[0], RANKS[1], bad, RANKS[2])
@@ -186,3 +190,18 @@ def test_a_file_with_keys_of_its_own_loads_alone_between_batches(tmp_path, monke
     assert kept.fetchall() == [("7",)]
     noted = batched.sql("SELECT notes->'extra_event_keys' FROM ingest_log WHERE run_id = 3").fetchall()[0][0]
     assert noted == '["seq_hint"]'
+
+
+def test_a_failure_of_the_batch_that_is_a_bug_is_noted_on_each_file(monkeypatch):
+    """A reader's bug in its batch load costs only time, each file loading alone, and each says so."""
+
+    def broken(con, items):
+        raise KeyError("part")
+
+    monkeypatch.setattr(kineto, "load_batch", broken)
+    trace = tracekit.open(*RANKS[:3])
+    notes = [r[0] for r in trace.sql(
+        "SELECT json_extract_string(notes, '$.loaded_alone_after_batch') FROM ingest_log ORDER BY run_id"
+    ).fetchall()]  # fmt: skip
+    assert len(notes) == 3 and all(n.startswith("KeyError: 'part'") for n in notes), notes
+    assert _contents(trace) == _contents(_one_by_one(monkeypatch, *RANKS[:3]))

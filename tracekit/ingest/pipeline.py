@@ -15,7 +15,7 @@ from pathlib import Path
 from tracekit import compression, tempfiles
 from tracekit import db as dbmod
 from tracekit.db import pending
-from tracekit.errors import TracekitError, out_of_space
+from tracekit.errors import TracekitError, crash_line, out_of_space
 from tracekit.ingest import kill_points, processes, runs
 from tracekit.ingest.digest import content_digest
 from tracekit.ingest.entities import fill_entities
@@ -335,7 +335,8 @@ class _Batch:
             return
         try:
             flags = items[0][0].reader.batchable(self.con, [part.export for part, _, _ in items])
-        except Exception:  # the reader's look failed: each file's own load says why, if it fails too
+        except Exception as e:  # the reader's look failed: each file's own load says why, if it fails too
+            _loaded_alone(items, e)
             flags = [False] * len(items)
         # consecutive files that may load together do; the others alone, in input order
         done = 0
@@ -352,9 +353,11 @@ class _Batch:
         if together and len(items) > 1:
             try:
                 out = _ingest_batch(self.con, items, self.rank, self.ids)
-            except Exception:
+            except Exception as e:
                 # rolled back (the reader's Unbatched, a full disk, a reader's bug): each file alone says
-                # what it needs or which file failed, and with on_error the others still go in
+                # what it needs or which file failed, and with on_error the others still go in; each
+                # says why it loaded alone, so that a bug is seen, not only the time it costs
+                _loaded_alone(items, e)
                 out = None
             if out is not None:
                 _cleanup(*(part for part, _, _ in items))
@@ -374,6 +377,14 @@ class _Batch:
     def discard(self) -> None:
         _cleanup(*(part for part, _, _ in self.items))
         self.items = []
+
+
+def _loaded_alone(items: list, e: Exception) -> None:
+    """Each file's ingest_log note of why it loaded alone though it was to load in a batch: the
+    reader's reason (rows.Unbatched), else the failure, which is a bug, with where it was raised."""
+    why = " ".join(str(e).split())[:300] if isinstance(e, rows.Unbatched) else crash_line(e)
+    for part, _, _ in items:
+        part.input.notes["loaded_alone_after_batch"] = why
 
 
 def _ingest_batch(con, items: list, rank, ids: _RunIds) -> list[list[IngestResult]]:

@@ -121,7 +121,8 @@ CREATE TABLE IF NOT EXISTS ingest_log (
     -- `content_digest` (the file's sha256, or for a file over 16 MiB a sha256 of its size, ends and
     -- 32 blocks between: a trace of the same content is not ingested twice, unless `--replace`),
     -- `loaded_in_batch_of` (a small trace loaded in one statement with others of its format: how
-    -- many files that batch held), and the format-specific notes below
+    -- many files that batch held), `loaded_alone_after_batch` (why a small trace that was to load in
+    -- a batch loaded alone: the batch was rolled back), and the format-specific notes below
     notes JSON,
     -- wall-clock seconds the read took (of a file loaded in a batch: the batch's, shared by size)
     seconds DOUBLE
