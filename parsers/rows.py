@@ -56,8 +56,9 @@ class Reload(Exception):
 
 
 class Unbatched(Exception):
-    """Raised by a reader's load_batch when the files cannot load together (one of them needs a read
-    of its own); ingest rolls the batch back and loads each file alone, as it would have anyway."""
+    """Raised by a reader's batchable or load_batch when the files cannot load together (one of them
+    needs a read of its own); ingest rolls the batch back and loads each file alone, as it would have
+    anyway, and notes the reason on each (ingest_log.notes.loaded_alone_after_batch)."""
 
 
 # |ts|, |dur| and |ts + dur| beyond this many ns (127 years) are no times of a trace, and a BIGINT holds

@@ -4,9 +4,12 @@ import errno as errnos
 import os
 
 
-def one_line(e: BaseException) -> str:
-    """An exception as one line: its type and its message, whitespace folded, at most 300 characters."""
+def one_line(e: BaseException, typed: bool = True) -> str:
+    """An exception as one line: its type (unless not `typed`) and its message, whitespace folded, at
+    most 300 characters."""
     text = " ".join(str(e).split())[:300]
+    if not typed:
+        return text
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from tracekit import compression, tempfiles
 from tracekit import db as dbmod
 from tracekit.db import pending
-from tracekit.errors import TracekitError, crash_line, out_of_space
+from tracekit.errors import TracekitError, crash_line, one_line, out_of_space
 from tracekit.ingest import kill_points, processes, runs
 from tracekit.ingest.digest import content_digest
 from tracekit.ingest.entities import fill_entities
@@ -382,7 +382,7 @@ class _Batch:
 def _loaded_alone(items: list, e: Exception) -> None:
     """Each file's ingest_log note of why it loaded alone though it was to load in a batch: the
     reader's reason (rows.Unbatched), else the failure, which is a bug, with where it was raised."""
-    why = " ".join(str(e).split())[:300] if isinstance(e, rows.Unbatched) else crash_line(e)
+    why = one_line(e, typed=False) if isinstance(e, rows.Unbatched) else crash_line(e)
     for part, _, _ in items:
         part.input.notes["loaded_alone_after_batch"] = why
 
@@ -652,17 +652,21 @@ def _record(
 ) -> list[IngestResult]:
     """The runs row and one ingest_log row per file of the run (per rank of a file split by process:
     `counts` rows moved into this run, `moved_out` rows moved from it); into `rows` when given (a
-    batch inserts its runs' rows together)."""
+    batch inserts its runs' rows together), else inserted now."""
+    inserted_here = rows is None
+    rows = runs.Rows() if rows is None else rows
     run = runs.run_row(main.export, label, rank)
-    runs.insert_run(con, run_id, run, span or runs.window(con, run_id, run["format"]), rows)
+    rows.add_run(run_id, run, span or runs.window(con, run_id, run["format"]))
     notes = {**main.export.notes, **main.input.notes, **(notes or {})}
     if getattr(main.reader, "ATTACHABLE", False):
         notes["run"] = "a run of its own (no trace in the call to join)"
     out = [runs.result(main.export, run_id, run["rank"], seconds, counts=counts, moved_out=moved_out)]
-    runs.insert_log_row(con, out[0], notes, rows)
+    rows.add_log_row(out[0], notes)
     for log, note, log_seconds in attached:
         out.append(runs.result(log.export, run_id, run["rank"], log_seconds, note.get("alignment")))
-        runs.insert_log_row(con, out[-1], {**note, **log.input.notes}, rows)
+        rows.add_log_row(out[-1], {**note, **log.input.notes})
+    if inserted_here:
+        rows.insert(con)
     return out
 
 

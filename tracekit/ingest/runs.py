@@ -104,8 +104,8 @@ def windows(con, run_ids: list[int], fmt: str) -> dict[int, tuple[int | None, in
 
 
 class Rows:
-    """`runs` and `ingest_log` rows of several runs, inserted with one statement per table (a batch of
-    small files: one INSERT a row cost about 0.5 ms each)."""
+    """`runs` and `ingest_log` rows, inserted with one statement per table (a batch of small files:
+    one INSERT a row cost about 0.5 ms each)."""
 
     def __init__(self) -> None:
         self.runs: list[list] = []
@@ -115,21 +115,22 @@ class Rows:
         _insert_values(con, "runs", self.runs)
         _insert_values(con, "ingest_log", self.log)
 
+    def add_run(self, run_id: int, run: dict, span: tuple[int | None, int | None]) -> None:
+        self.runs.append([run_id, run["source"], run["format"], run["label"], run["rank"], run["world_size"],
+                          run["rank_source"], run["device_properties"], run["metadata"], run["base_time_ns"],
+                          *span])  # fmt: skip
+
+    def add_log_row(self, result: IngestResult, notes: dict) -> None:
+        self.log.append([result.run_id, result.source, result.format, result.bytes_read, result.events_read,
+                         result.events_ingested, result.events_skipped,
+                         orjson.dumps(result.skipped_reasons).decode(), orjson.dumps(notes).decode(),
+                         result.seconds])  # fmt: skip
+
 
 def _insert_values(con, table: str, values: list[list]) -> None:
     if values:
         row = "(" + ", ".join("?" * len(values[0])) + ")"
         con.execute(f"INSERT INTO {table} VALUES " + ", ".join([row] * len(values)), [v for r in values for v in r])
-
-
-def insert_run(con, run_id: int, run: dict, span: tuple[int | None, int | None], rows: Rows | None = None) -> None:
-    """The run's `runs` row: inserted now, or added to `rows`."""
-    values = [run_id, run["source"], run["format"], run["label"], run["rank"], run["world_size"], run["rank_source"],
-              run["device_properties"], run["metadata"], run["base_time_ns"], *span]  # fmt: skip
-    if rows is not None:
-        rows.runs.append(values)
-    else:
-        _insert_values(con, "runs", [values])
 
 
 def result(
@@ -159,14 +160,3 @@ def result(
         events_ingested=read - skipped, events_skipped=skipped, skipped_reasons=dict(export.skipped),
         seconds=seconds, rank=rank, alignment=alignment,
     )  # fmt: skip
-
-
-def insert_log_row(con, result: IngestResult, notes: dict, rows: Rows | None = None) -> None:
-    """The file's `ingest_log` row: inserted now, or added to `rows`."""
-    values = [result.run_id, result.source, result.format, result.bytes_read, result.events_read,
-              result.events_ingested, result.events_skipped, orjson.dumps(result.skipped_reasons).decode(),
-              orjson.dumps(notes).decode(), result.seconds]  # fmt: skip
-    if rows is not None:
-        rows.log.append(values)
-    else:
-        _insert_values(con, "ingest_log", [values])
