@@ -344,15 +344,22 @@ RAW_TABLE = "_tracekit_raw_events"
 ABSURD_US = 4e15
 
 
-def _flag_absurd(con) -> None:
+def _absurd_sql() -> str:
+    """Why an event's times are no times of a trace (NULL when they are): NaN, Infinity, or beyond
+    ABSURD_US. A NULL ts or dur alone is not absurd."""
     finite = "(isfinite(CAST({0} AS DOUBLE)) AND abs({0}) <= {1})".format
+    return (
+        f"CASE WHEN NOT {finite('ts', ABSURD_US)} OR NOT {finite('dur', ABSURD_US)} OR NOT {finite('ts + dur', ABSURD_US)} "
+        f"THEN CASE WHEN NOT {finite('ts', ABSURD_US)} THEN 'ts not a finite time in range' "
+        "ELSE 'dur not a finite duration in range' END END"
+    )
+
+
+def _flag_absurd(con) -> None:
+    """Flag the raw table's absurd events (_absurd) and clear their times."""
     con.execute(f"ALTER TABLE {RAW_TABLE} ADD COLUMN _absurd VARCHAR")
     con.execute(
-        f"""UPDATE {RAW_TABLE} SET
-            _absurd = CASE WHEN NOT {finite("ts", ABSURD_US)} THEN 'ts not a finite time in range'
-                           ELSE 'dur not a finite duration in range' END,
-            ts = NULL, dur = NULL
-        WHERE NOT {finite("ts", ABSURD_US)} OR NOT {finite("dur", ABSURD_US)} OR NOT {finite("ts + dur", ABSURD_US)}"""
+        f"UPDATE {RAW_TABLE} SET _absurd = {_absurd_sql()}, ts = NULL, dur = NULL WHERE {_absurd_sql()} IS NOT NULL"
     )
 
 
@@ -489,39 +496,46 @@ def load_batch(con, items: list[tuple[Export, int]]) -> None:
     part_runs = [run_id for (_, run_id), s in zip(items, staged) for _ in s.parts]
     part_bases = [_base_time_ns(s.metadata) for s in staged for _ in s.parts]
     columns_sql = _columns_sql(dict(EVENT_COLUMNS) | ({"ts": "DECIMAL(38,3)"} if exact else {}))
+    # straight from read_json into event_rows, with no raw table between them: materialising 57 MB of
+    # events (64 ranks) and reading them back cost more than the insert's own work
+    source = (
+        "(SELECT * REPLACE (CASE WHEN _absurd IS NULL THEN ts END AS ts, CASE WHEN _absurd IS NULL THEN dur END AS dur) "
+        f"FROM (SELECT *, list_position($parts, filename) AS _part, {_absurd_sql()} AS _absurd "
+        f"FROM read_json($parts, format='array', columns={columns_sql}, ignore_errors=false, "
+        f"maximum_object_size={DEFAULT_MAX_OBJECT}, filename=true)))"
+    )
+    # list literals indexed by part: a lookup without a join, which would reorder the insert (see _insert_sql)
+    insert = _insert_sql(f"{part_runs}[_part]", f"{part_bases}[_part]", exact, False, "NULL::JSON", source=source)
     try:
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT *, list_position($parts, filename) AS _part "
-            f"FROM read_json($parts, format='array', columns={columns_sql}, ignore_errors=false, "
-            f"maximum_object_size={DEFAULT_MAX_OBJECT}, filename=true)",
-            {"parts": parts},
-        )
+        con.execute(insert, {"parts": parts})
     except Exception as e:  # duckdb.Error subclasses: the file's own load says which file and where
         raise Unbatched(str(e)) from None
-    _flag_absurd(con)
-    if chrome_pairs.needs_generic(con, RAW_TABLE, False):
-        raise Unbatched("a generic Chrome trace")
-    # list literals indexed by part: a lookup without a join, which would reorder the insert (see _insert_sql)
-    con.execute(_insert_sql(f"{part_runs}[_part]", f"{part_bases}[_part]", exact, False, "NULL::JSON"))
-    by_part = dict(con.execute(f"SELECT _part, count(*) FROM {RAW_TABLE} GROUP BY _part").fetchall())
-    con.execute(f"DROP TABLE {RAW_TABLE}")
     run_ids = [run_id for _, run_id in items]
+    phases = ", ".join(_sql_str(p) for p in chrome_pairs.KINETO_PHASES)
+    if con.execute(f"SELECT EXISTS (SELECT 1 FROM event_rows WHERE {OF_RUNS} AND ph NOT IN ({phases}))",
+                   of_runs(run_ids)).fetchone()[0]:  # fmt: skip
+        raise Unbatched("a generic Chrome trace")
+    by_run = dict(
+        con.execute(
+            f"SELECT run_id, count(*) FROM event_rows WHERE {OF_RUNS} GROUP BY run_id", of_runs(run_ids)
+        ).fetchall()
+    )
     if not exact and _lost_fractions(con, run_ids, [_base_time_ns(s.metadata) for s in staged]):
         raise Unbatched("timestamps that need DECIMAL")  # a double lost a fraction: each file alone, exactly
     skipped = _take_skipped(con, run_ids)
-    read: Counter = Counter()
-    for part, count in by_part.items():
-        read[part_runs[part - 1]] += count
     for (export, run_id), s in zip(items, staged):
         export.format = FORMAT
-        export.read = Counter({"trace event": read[run_id]})
+        export.read = Counter({"trace event": by_run.get(run_id, 0)})
         export.skipped = skipped[run_id]
         export.notes = {"clock": _clock_note(s.metadata), **_ts_notes(exact), "loaded_in_batch_of": len(items)}
 
 
-def _insert_sql(run_sql: str, base_sql: str, exact: bool, generic: bool, extra_sql: str) -> str:
-    """The INSERT of event_rows from the raw table: `run_sql` and `base_sql` are the SQL of each row's
-    run id and base time (constants for one file, a lookup by part for a batch of files)."""
+def _insert_sql(
+    run_sql: str, base_sql: str, exact: bool, generic: bool, extra_sql: str, source: str = RAW_TABLE
+) -> str:
+    """The INSERT of event_rows from `source` (the raw table, or a batch's read_json with its
+    `_absurd` and `_part` columns): `run_sql` and `base_sql` are the SQL of each row's run id and base
+    time (constants for one file, a lookup by part for a batch of files)."""
     # a CASE, not `kind0 IN (...)`: DuckDB plans an IN list of this size as a mark join, and a join
     # turns the order-preserving batch insert into a plain parallel insert that appends row groups in
     # whatever order the threads finish (event_id would then differ between two ingests of one file)
@@ -548,7 +562,7 @@ def _insert_sql(run_sql: str, base_sql: str, exact: bool, generic: bool, extra_s
                {PID_N} AS pid_n,
                {TID_N} AS tid_n,
                json_extract_string(args, ['$.device', '$.stream', '$.correlation', '$."External id"', '$."external id"']) AS a
-        FROM {RAW_TABLE}
+        FROM {source}
     )
     SELECT {run_sql},
            CASE WHEN skip_reason IS NULL THEN kind0 ELSE '_skip:' || skip_reason END,

@@ -205,3 +205,26 @@ def test_a_failure_of_the_batch_that_is_a_bug_is_noted_on_each_file(monkeypatch)
     ).fetchall()]  # fmt: skip
     assert len(notes) == 3 and all(n.startswith("KeyError: 'part'") for n in notes), notes
     assert _contents(trace) == _contents(_one_by_one(monkeypatch, *RANKS[:3]))
+
+
+def test_absurd_times_in_a_batch_are_skipped_as_a_file_alone_skips_them(tmp_path, monkeypatch):
+    """A batch flags times beyond any trace (and the sum of ts and dur) inside its one INSERT: the
+    same events skipped with the same reasons as a load of the file alone, the others kept."""
+    events = [
+        '{"ph": "X", "name": "ok", "ts": 10, "dur": 5, "pid": 1, "tid": 1}',
+        '{"ph": "X", "name": "far_ts", "ts": 1e300, "dur": 5, "pid": 1, "tid": 1}',
+        '{"ph": "X", "name": "far_dur", "ts": 20, "dur": -1e300, "pid": 1, "tid": 1}',
+        '{"ph": "X", "name": "far_end", "ts": 3.9e15, "dur": 3.9e15, "pid": 1, "tid": 1}',
+        '{"ph": "i", "name": "instant", "ts": 30, "pid": 1, "tid": 1, "s": "t"}',
+        '{"ph": "X", "name": "no_ts", "dur": 5, "pid": 1, "tid": 1}',
+    ]
+    odd, plain = tmp_path / "odd.json", tmp_path / "plain.json"
+    odd.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+    plain.write_text('{"traceEvents": [' + events[0] + ", " + events[4] + "]}")
+    batched = tracekit.open(plain, odd)
+    assert _batch_sizes(batched) == ["2", "2"]
+    skipped = batched.sql("SELECT run_id, skipped_reasons FROM ingest_log ORDER BY run_id").fetchall()
+    assert "ts not a finite time in range" in str(skipped[1][1]) and "dur not a finite duration" in str(skipped[1][1])
+    kept = batched.sql("SELECT name FROM event_rows WHERE run_id = 2 ORDER BY rowid").fetchall()
+    assert ("ok",) in kept and ("instant",) in kept and ("far_ts",) not in kept and ("far_end",) not in kept
+    assert _contents(batched) == _contents(_one_by_one(monkeypatch, plain, odd))
