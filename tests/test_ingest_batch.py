@@ -228,3 +228,17 @@ def test_absurd_times_in_a_batch_are_skipped_as_a_file_alone_skips_them(tmp_path
     kept = batched.sql("SELECT name FROM event_rows WHERE run_id = 2 ORDER BY rowid").fetchall()
     assert ("ok",) in kept and ("instant",) in kept and ("far_ts",) not in kept and ("far_end",) not in kept
     assert _contents(batched) == _contents(_one_by_one(monkeypatch, plain, odd))
+
+
+def test_a_batch_of_many_parts_keeps_file_order_on_many_threads(monkeypatch):
+    """The batch's INSERT reads read_json directly: with each file in dozens of parts parsed on four
+    threads, event ids (and so every parent) must still follow the files' order, as one by one."""
+    from tracekit.parsers import json_slice
+
+    alone = _contents(_one_by_one(monkeypatch, *RANKS[:4]))
+    monkeypatch.setattr(json_slice, "PART_TARGET", 64 << 10)
+    monkeypatch.setenv("TRACEKIT_THREADS", "4")
+    for _ in range(3):
+        batched = tracekit.open(*RANKS[:4])
+        assert _batch_sizes(batched) == ["4"] * 4
+        assert _contents(batched) == alone
