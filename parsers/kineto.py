@@ -363,6 +363,29 @@ def _flag_absurd(con) -> None:
     )
 
 
+def _json_source(columns_sql: str, ignore_errors, max_object_bytes: int, by_part: bool) -> str:
+    """The events of the files `$parts` as _insert_sql's source, read straight from read_json: their
+    times cleared where absurd (`_absurd` says why) and, `by_part`, each row's part (1-based) in
+    `_part`. Inserting from it keeps the files' order: read_json's scan is ordered, and nothing
+    between it and the insert joins (see _insert_sql)."""
+    part = ", list_position($parts, filename) AS _part" if by_part else ""
+    ignore = "true" if ignore_errors in (True, "true") else "false"
+    return (
+        "(SELECT * REPLACE (CASE WHEN _absurd IS NULL THEN ts END AS ts, CASE WHEN _absurd IS NULL THEN dur END AS dur) "
+        f"FROM (SELECT *{part}, {_absurd_sql()} AS _absurd "
+        f"FROM read_json($parts, format='array', columns={columns_sql}, ignore_errors={ignore}, "
+        f"maximum_object_size={max_object_bytes}{', filename=true' if by_part else ''})))"
+    )
+
+
+def _holds_generic(con, run_ids: list[int]) -> bool:
+    """Whether these runs' inserted events hold a phase Kineto never writes (a generic Chrome trace)."""
+    phases = ", ".join(_sql_str(p) for p in chrome_pairs.KINETO_PHASES)
+    return con.execute(
+        f"SELECT EXISTS (SELECT 1 FROM event_rows WHERE {OF_RUNS} AND ph NOT IN ({phases}))", of_runs(run_ids)
+    ).fetchone()[0]
+
+
 PID_N = "TRY_CAST(pid AS BIGINT)"
 TID_N = "coalesce(TRY_CAST(tid AS BIGINT), TRY_CAST(regexp_extract(tid, '^stream\\s*(\\d+)$', 1) AS BIGINT))"
 TRACK = "CASE WHEN pid_n IS NULL OR tid_n IS NULL OR TRY_CAST(tid AS BIGINT) IS NULL THEN pid || '/' || tid END"
@@ -395,27 +418,40 @@ def _load(
     base_ns = _base_time_ns(staged.metadata)
     ignore_errors = "true" if ignore_errors else "false"
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
-    # Two steps: the parts are parsed in parallel into a plain table first. Deriving the columns in the
-    # same statement as the parse made DuckDB 2.0.1 append whole parts out of order (event_id would
-    # then differ between two ingests of one file); a table scan keeps its order.
-    try:
-        con.execute(
-            f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT * FROM read_json(?, format='array', "
-            f"columns={columns_sql}, ignore_errors={ignore_errors}, maximum_object_size={max_object_bytes})",
-            [[str(p) for p in staged.parts]],
-        )
-    except Exception as e:  # duckdb.Error subclasses; message carries the byte position
-        raise _input_error(staged, e) from None
-    _flag_absurd(con)
-    generic = chrome_pairs.needs_generic(con, RAW_TABLE, generic_keys)
-    if generic and not generic_keys:
-        raise _GenericKeysNeeded
-    notes = chrome_pairs.prepare(con, RAW_TABLE) if generic else {}
-    con.execute(_insert_sql(str(run_id), str(base_ns), exact, generic, extra_sql))
+    parts = [str(p) for p in staged.parts]
+    if not generic_keys:
+        # a Kineto trace (as its first MiB says) goes from read_json straight into event_rows, so its
+        # events are not held twice; a phase Kineto never writes further on means a generic Chrome
+        # trace after all, read again with its pairing keys (the caller rolls this insert back)
+        source = _json_source(columns_sql, ignore_errors, max_object_bytes, by_part=False)
+        try:
+            con.execute(
+                _insert_sql(str(run_id), str(base_ns), exact, False, extra_sql, source=source), {"parts": parts}
+            )
+        except Exception as e:  # duckdb.Error subclasses; message carries the byte position
+            raise _input_error(staged, e) from None
+        if _holds_generic(con, [run_id]):
+            raise _GenericKeysNeeded
+        generic, notes = False, {}
+    else:
+        # the raw table first: chrome_pairs pairs begins and ends in it before the insert
+        try:
+            con.execute(
+                f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT * FROM read_json($parts, format='array', "
+                f"columns={columns_sql}, ignore_errors={ignore_errors}, maximum_object_size={max_object_bytes})",
+                {"parts": parts},
+            )
+        except Exception as e:  # duckdb.Error subclasses; message carries the byte position
+            raise _input_error(staged, e) from None
+        _flag_absurd(con)
+        generic = chrome_pairs.needs_generic(con, RAW_TABLE, generic_keys)
+        notes = chrome_pairs.prepare(con, RAW_TABLE) if generic else {}
+        con.execute(_insert_sql(str(run_id), str(base_ns), exact, generic, extra_sql))
     after = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     if generic:
-        notes.update(_fold_generic(con, run_id, exact, base_ns))
-    con.execute(f"DROP TABLE {RAW_TABLE}")
+        notes.update(_fold_generic(con, run_id, exact, base_ns))  # reads the raw table's flow v2 events
+    if generic_keys:
+        con.execute(f"DROP TABLE {RAW_TABLE}")
     skipped = dict(_take_skipped(con, [run_id])[run_id])
     read = after - before
     if extra:
@@ -498,12 +534,7 @@ def load_batch(con, items: list[tuple[Export, int]]) -> None:
     columns_sql = _columns_sql(dict(EVENT_COLUMNS) | ({"ts": "DECIMAL(38,3)"} if exact else {}))
     # straight from read_json into event_rows, with no raw table between them: materialising 57 MB of
     # events (64 ranks) and reading them back cost more than the insert's own work
-    source = (
-        "(SELECT * REPLACE (CASE WHEN _absurd IS NULL THEN ts END AS ts, CASE WHEN _absurd IS NULL THEN dur END AS dur) "
-        f"FROM (SELECT *, list_position($parts, filename) AS _part, {_absurd_sql()} AS _absurd "
-        f"FROM read_json($parts, format='array', columns={columns_sql}, ignore_errors=false, "
-        f"maximum_object_size={DEFAULT_MAX_OBJECT}, filename=true)))"
-    )
+    source = _json_source(columns_sql, False, DEFAULT_MAX_OBJECT, by_part=True)
     # list literals indexed by part: a lookup without a join, which would reorder the insert (see _insert_sql)
     insert = _insert_sql(f"{part_runs}[_part]", f"{part_bases}[_part]", exact, False, "NULL::JSON", source=source)
     try:
@@ -511,9 +542,7 @@ def load_batch(con, items: list[tuple[Export, int]]) -> None:
     except Exception as e:  # duckdb.Error subclasses: the file's own load says which file and where
         raise Unbatched(str(e)) from None
     run_ids = [run_id for _, run_id in items]
-    phases = ", ".join(_sql_str(p) for p in chrome_pairs.KINETO_PHASES)
-    if con.execute(f"SELECT EXISTS (SELECT 1 FROM event_rows WHERE {OF_RUNS} AND ph NOT IN ({phases}))",
-                   of_runs(run_ids)).fetchone()[0]:  # fmt: skip
+    if _holds_generic(con, run_ids):
         raise Unbatched("a generic Chrome trace")
     by_run = dict(
         con.execute(
