@@ -151,6 +151,24 @@ def test_a_corrupt_member_is_placed_near_where_it_breaks(tmp_path):
     assert err.value.position == f"compressed byte {compression.INPUT_STEP}"
 
 
+def test_a_small_file_recognised_in_one_step_breaks_where_a_stepped_read_says(tmp_path, monkeypatch):
+    """A compressed file under WHOLE_STEP goes to the decoder at once; where it is corrupt, the
+    prefix is read again in steps, so the error and the content before it are those of the steps."""
+    whole = gzip.compress(CONTENT * 6, compresslevel=1)
+    assert 2 * compression.INPUT_STEP < len(whole) <= compression.WHOLE_STEP
+    corrupt = tmp_path / "corrupt.json.gz"
+    corrupt.write_bytes(whole[:40] + bytes(64) + whole[104:])
+    at_once = compression.prefix(corrupt, 1 << 30)
+    monkeypatch.setattr(compression, "WHOLE_STEP", 0)
+    stepped = compression.prefix(corrupt, 1 << 30)
+    assert at_once.broken is not None and at_once.broken.position == stepped.broken.position
+    assert at_once.broken.position != f"compressed byte {len(whole)}"  # placed, not the whole file
+    assert at_once.data == stepped.data and (CONTENT * 6).startswith(at_once.data)
+    good = tmp_path / "good.json.gz"
+    good.write_bytes(whole)
+    assert compression.prefix(good, 1 << 30).data == CONTENT * 6
+
+
 def test_the_prefix_says_where_the_stream_broke(tmp_path):
     whole = gzip.compress(CONTENT)
     cut = tmp_path / "cut.json.gz"
