@@ -155,21 +155,25 @@ def test_a_batch_is_bounded_by_files_and_bytes(monkeypatch):
 @pytest.mark.parametrize("threads, ahead", [("1", False), ("2", True)])
 def test_reads_run_ahead_only_beside_a_second_duckdb_thread(monkeypatch, threads, ahead):
     """On one DuckDB thread a load takes the GIL back often, and a read ahead holding it (sampling a
-    file's keys) stalls it: the files are then read in turn, on the ingesting thread."""
+    file's keys) stalls it: the files are then read in turn, on the ingesting thread. Beside a second
+    one, a thread reads ahead, and the ingesting thread reads a small file while it would wait; each
+    file is read once either way."""
     import threading
 
     monkeypatch.setenv("TRACEKIT_THREADS", threads)
     where = []
     read = kineto.read
 
-    def recording(*args, **kwargs):
-        where.append(threading.current_thread() is threading.main_thread())
-        return read(*args, **kwargs)
+    def recording(path, *args, **kwargs):
+        where.append((Path(path).name, threading.current_thread() is threading.main_thread()))
+        return read(path, *args, **kwargs)
 
     monkeypatch.setattr(kineto, "read", recording)
-    trace = tracekit.open(*RANKS[:3])
-    assert trace.sql("SELECT count(*) FROM runs").fetchall()[0][0] == 3
-    assert where == [not ahead] * 3
+    trace = tracekit.open(*RANKS[:4])
+    assert trace.sql("SELECT count(*) FROM runs").fetchall()[0][0] == 4
+    assert sorted(name for name, _ in where) == sorted(p.name for p in RANKS[:4])
+    on_main = [main for _, main in where]
+    assert (not all(on_main)) if ahead else all(on_main)
 
 
 def test_a_file_with_keys_of_its_own_loads_alone_between_batches(tmp_path, monkeypatch):
@@ -242,3 +246,25 @@ def test_a_batch_of_many_parts_keeps_file_order_on_many_threads(monkeypatch):
         batched = tracekit.open(*RANKS[:4])
         assert _batch_sizes(batched) == ["4"] * 4
         assert _contents(batched) == alone
+
+
+def test_a_file_that_breaks_past_its_head_read_ahead_fails_in_its_turn(tmp_path):
+    """A small file read on the ingesting thread while the read-ahead thread reads the one before it
+    (a gzip that recognition took, broken past its first MiB) fails when its turn comes: named, in
+    input order, and the others go in."""
+    import orjson
+
+    trace = orjson.loads(gzip.open(RANKS[1]).read())
+    trace["traceEvents"] = trace["traceEvents"] * 3  # past the MiB recognition reads
+    whole = gzip.compress(orjson.dumps(trace), compresslevel=1)
+    broken = tmp_path / "rank9_broken.json.gz"
+    broken.write_bytes(whole[: len(whole) - 3000] + bytes(64) + whole[len(whole) - 2936 :])
+    failed = []
+    trace = tracekit.open()
+    # second: read here while the read-ahead thread reads the first (whichever reads it, the same holds)
+    trace.add(RANKS[0], broken, RANKS[2], RANKS[3], on_error=lambda path, e: failed.append(Path(path).name))
+    assert failed == ["rank9_broken.json.gz"]
+    sources = [Path(r[0]).name for r in trace.sql("SELECT source FROM runs ORDER BY run_id").fetchall()]
+    assert sources == [RANKS[0].name, RANKS[2].name, RANKS[3].name]
+    with pytest.raises(TracekitError, match="rank9_broken"):
+        tracekit.open(RANKS[0], broken, RANKS[2], RANKS[3])
