@@ -300,7 +300,7 @@ def _may_batch(item: Input, log_indexes: list[int], offsets: dict, replaces) -> 
 
 
 # A batch loads together up to this many files or inflated bytes: the fixed cost of a batch's dozen
-# statements is then spread thin, and its raw events table holds no more than this in memory.
+# statements is then spread thin, and its one read-and-insert statement parses no more than this.
 BATCH_FILES = 128
 BATCH_BYTES = 64 << 20
 
