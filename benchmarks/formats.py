@@ -360,7 +360,7 @@ def machine_info(args):
     upb = "from google.protobuf.internal import api_implementation as a; print(a.Type())"
     backend = subprocess.run([PROJECT_PY, "-c", upb], capture_output=True, text=True).stdout.strip() or "?"
     return [
-        ("date (UTC)", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")),
+        ("date (UTC)", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")),
         ("nproc", f"{len(os.sched_getaffinity(0))} (each run pinned to {args.cores})"),
         ("load average at start (1/5/15 min)", " / ".join(f"{x:.1f}" for x in os.getloadavg())),
         ("CPU", model),

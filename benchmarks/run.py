@@ -253,7 +253,7 @@ def machine_info(cores):
     model, mem_gb = cpu_and_memory()
     version = "import importlib.metadata as m; print(m.version({!r}))"
     return [
-        ("date (UTC)", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")),
+        ("date (UTC)", datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M")),
         ("nproc", f"{len(os.sched_getaffinity(0))} (each run pinned to {cores})"),
         ("CPU", model),
         ("memory", f"{mem_gb:.1f} GB"),

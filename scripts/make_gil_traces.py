@@ -181,7 +181,7 @@ def run_mode(torch, ext, mode: str, args) -> dict:
         "cuda_version": torch.version.cuda,
         "python_version": platform.python_version(),
         "device": torch.cuda.get_device_name(0) if cuda else f"CPU: {cpu_name()}",
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "activities": ["CPU", "CUDA"] if cuda else ["CPU"],
         "workload": (
             f"main thread: {args.iters} x [forward: 4 matmul+relu 64x256x256 on {dev} + 12000-step Python loop; "

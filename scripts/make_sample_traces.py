@@ -160,7 +160,7 @@ def base_entry(argv: list[str], device: str, **extra) -> dict:
         "cuda_version": torch.version.cuda,
         "python_version": platform.python_version(),
         "device": device,
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "date": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
     entry.update(extra)
     return entry

@@ -71,7 +71,7 @@ def test_sglang_batch_lines_become_counters_with_their_values(loaded):
     ts = con.execute("SELECT min(ts_ns) FROM counters WHERE name = 'sglang.decode_batch'").fetchone()[0]
     import datetime as dt
 
-    expected = dt.datetime.fromisoformat(first).replace(tzinfo=dt.timezone.utc).timestamp()
+    expected = dt.datetime.fromisoformat(first).replace(tzinfo=dt.UTC).timestamp()
     assert ts == int(expected) * 1_000_000_000
 
 
@@ -102,7 +102,7 @@ def test_vllm_engine_stats_year_and_series(loaded):
     import datetime as dt
 
     ts = con.execute("SELECT min(ts_ns) FROM counters").fetchone()[0]
-    assert str(dt.datetime.fromtimestamp(ts / 1e9, dt.timezone.utc).year) == year
+    assert str(dt.datetime.fromtimestamp(ts / 1e9, dt.UTC).year) == year
     notes = con.execute("SELECT notes->>'clock' FROM ingest_log").fetchone()[0]
     assert "UTC" in notes and year in notes
     stated = dict(con.execute("SELECT name, value FROM run_metrics").fetchall())

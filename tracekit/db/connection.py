@@ -13,7 +13,7 @@ from tracekit.db.schema import SCHEMA_VERSION
 # The oldest DuckDB whose storage format new database files are written in. A file in a newer
 # format cannot be opened by older readers at all ("version number 69, but we can only read versions
 # between 64 and 68"): the duckdb CLI that PyPI serves (duckdb-cli 1.5.x) and duckdb 1.x in a
-# notebook, which pyproject allows. Files keep the format they were created in.
+# notebook (tracekit itself needs DuckDB 2: see pyproject). Files keep the format they were created in.
 STORAGE_COMPATIBILITY = "v1.4.0"
 
 

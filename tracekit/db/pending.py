@@ -60,14 +60,14 @@ def begin(
     the caller knows it; `reuse`: ids this process took before and gave up unused (a batch rolled
     back, whose files load one by one under the ids the batch had for them), taken instead of new
     ones."""
-    from datetime import datetime, timezone
+    from datetime import UTC, datetime
 
     sources = source if isinstance(source, list) else [source] * count
     run_ids = list(reuse) if reuse else take_run_ids(con, len(sources), floor)
     database = database_file(con) if database is None else database
     with _LIVE_LOCK:
         _LIVE.update((database, r) for r in run_ids)
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    now = datetime.now(UTC).replace(tzinfo=None)
     con.execute(
         "INSERT INTO ingest_pending SELECT unnest($ids), $pid, unnest($sources), $now",
         {"ids": run_ids, "pid": os.getpid(), "sources": sources, "now": now},
