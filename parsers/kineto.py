@@ -363,13 +363,13 @@ def _flag_absurd(con) -> None:
     )
 
 
-def _json_source(columns_sql: str, ignore_errors, max_object_bytes: int, by_part: bool) -> str:
+def _json_source(columns_sql: str, ignore_errors: bool, max_object_bytes: int, by_part: bool) -> str:
     """The events of the files `$parts` as _insert_sql's source, read straight from read_json: their
     times cleared where absurd (`_absurd` says why) and, `by_part`, each row's part (1-based) in
     `_part`. Inserting from it keeps the files' order: read_json's scan is ordered, and nothing
     between it and the insert joins (see _insert_sql)."""
     part = ", list_position($parts, filename) AS _part" if by_part else ""
-    ignore = "true" if ignore_errors in (True, "true") else "false"
+    ignore = "true" if ignore_errors else "false"
     return (
         "(SELECT * REPLACE (CASE WHEN _absurd IS NULL THEN ts END AS ts, CASE WHEN _absurd IS NULL THEN dur END AS dur) "
         f"FROM (SELECT *{part}, {_absurd_sql()} AS _absurd "
@@ -416,7 +416,6 @@ def _load(
     columns_sql = _columns_sql(columns)
     extra_sql = "json_object(" + ", ".join(f'{_sql_str(k)}, "{k}"' for k in extra) + ")" if extra else "NULL::JSON"
     base_ns = _base_time_ns(staged.metadata)
-    ignore_errors = "true" if ignore_errors else "false"
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
     parts = [str(p) for p in staged.parts]
     if not generic_keys:
@@ -438,7 +437,8 @@ def _load(
         try:
             con.execute(
                 f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT * FROM read_json($parts, format='array', "
-                f"columns={columns_sql}, ignore_errors={ignore_errors}, maximum_object_size={max_object_bytes})",
+                f"columns={columns_sql}, ignore_errors={'true' if ignore_errors else 'false'}, "
+                f"maximum_object_size={max_object_bytes})",
                 {"parts": parts},
             )
         except Exception as e:  # duckdb.Error subclasses; message carries the byte position
@@ -562,9 +562,9 @@ def load_batch(con, items: list[tuple[Export, int]]) -> None:
 def _insert_sql(
     run_sql: str, base_sql: str, exact: bool, generic: bool, extra_sql: str, source: str = RAW_TABLE
 ) -> str:
-    """The INSERT of event_rows from `source` (the raw table, or a batch's read_json with its
-    `_absurd` and `_part` columns): `run_sql` and `base_sql` are the SQL of each row's run id and base
-    time (constants for one file, a lookup by part for a batch of files)."""
+    """The INSERT of event_rows from `source` (the raw table, or read_json's events: _json_source):
+    `run_sql` and `base_sql` are the SQL of each row's run id and base time (constants for one file,
+    a lookup by part for a batch of files)."""
     # a CASE, not `kind0 IN (...)`: DuckDB plans an IN list of this size as a mark join, and a join
     # turns the order-preserving batch insert into a plain parallel insert that appends row groups in
     # whatever order the threads finish (event_id would then differ between two ingests of one file)
