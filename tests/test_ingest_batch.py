@@ -268,3 +268,34 @@ def test_a_file_that_breaks_past_its_head_read_ahead_fails_in_its_turn(tmp_path)
     assert sources == [RANKS[0].name, RANKS[2].name, RANKS[3].name]
     with pytest.raises(TracekitError, match="rank9_broken"):
         tracekit.open(RANKS[0], broken, RANKS[2], RANKS[3])
+
+
+def test_batchable_sends_each_odd_file_alone_and_keeps_the_clean_ones_together(tmp_path):
+    """The batch's key scan: a file with an element that is not an object, a phase Kineto never
+    writes or a key of its own loads alone, told what was found; a clean file stays in the batch."""
+    import duckdb
+
+    event = '{"ph": "X", "name": "op", "ts": 10, "dur": 5, "pid": 1, "tid": 1, "args": {"any key": 1}}'
+    contents = {
+        "clean": [event, event],
+        "number": [event, "7"],
+        "string": ['"{not an object}"', event],
+        "begin": [event, '{"ph": "B", "name": "b", "ts": 11, "pid": 1, "tid": 1}'],
+        "own_key": [event, '{"ph": "X", "name": "k", "ts": 12, "dur": 1, "pid": 1, "tid": 1, "seq_hint": 3}'],
+    }
+    exports = []
+    for name, events in contents.items():
+        path = tmp_path / f"{name}.json"
+        path.write_text('{"traceEvents": [' + ", ".join(events) + "]}")
+        exports.append(kineto.read(path))
+    try:
+        assert all(e.batch is not None for e in exports)
+        assert kineto.batchable(duckdb.connect(), exports) == [True, False, False, False, False]
+        samples = {name: e.batch.options.get("sample") for name, e in zip(contents, exports)}
+        assert samples["clean"] is None
+        assert samples["begin"] == ([], True)  # a generic Chrome trace, read with its pairing keys
+        assert samples["own_key"] == (["seq_hint"], False)  # the key outside the format, kept in `extra`
+        assert samples["number"] == ([], False) and samples["string"] == ([], False)
+    finally:
+        for e in exports:
+            e.batch.staged.cleanup()
