@@ -25,6 +25,7 @@ from __future__ import annotations
 GENERIC_COLUMNS = {"id2": "JSON", "bind_id": "JSON", "flow_in": "JSON", "flow_out": "JSON", "scope": "JSON"}
 
 KINETO_PHASES = ("X", "i", "I", "s", "t", "f", "M", "C")
+KINETO_PHASES_SQL = ", ".join("'" + p + "'" for p in KINETO_PHASES)  # for `ph NOT IN (...)`
 
 # ph -> reason for events the schema has no home for
 NOT_INGESTED = {
@@ -49,11 +50,12 @@ def _q(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
-def needs_generic(con, raw: str, with_keys: bool) -> bool:
-    """Whether the loaded events hold a phase (or, when those columns were read, a key) Kineto never writes."""
-    phases = ", ".join(_q(p) for p in KINETO_PHASES)
+def needs_generic(con, raw: str, with_keys: bool, params: dict | None = None) -> bool:
+    """Whether the loaded events (`raw`: a table, or a subquery with its `params`) hold a phase (or,
+    when those columns were read, a key) Kineto never writes."""
     keys = " OR ".join(f"{k} IS NOT NULL" for k in GENERIC_COLUMNS if k != "scope") if with_keys else "false"
-    return con.execute(f"SELECT EXISTS (SELECT 1 FROM {raw} WHERE ph NOT IN ({phases}) OR {keys})").fetchone()[0]
+    query = f"SELECT EXISTS (SELECT 1 FROM {raw} WHERE ph NOT IN ({KINETO_PHASES_SQL}) OR {keys})"
+    return con.execute(query, params).fetchone()[0]
 
 
 def _stack_pairs(con, raw: str, where: str, key: str, begin: str, end: str) -> None:

@@ -355,19 +355,11 @@ def _absurd_sql() -> str:
     )
 
 
-def _flag_absurd(con) -> None:
-    """Flag the raw table's absurd events (_absurd) and clear their times."""
-    con.execute(f"ALTER TABLE {RAW_TABLE} ADD COLUMN _absurd VARCHAR")
-    con.execute(
-        f"UPDATE {RAW_TABLE} SET _absurd = {_absurd_sql()}, ts = NULL, dur = NULL WHERE {_absurd_sql()} IS NOT NULL"
-    )
-
-
 def _json_source(columns_sql: str, ignore_errors: bool, max_object_bytes: int, by_part: bool) -> str:
-    """The events of the files `$parts` as _insert_sql's source, read straight from read_json: their
-    times cleared where absurd (`_absurd` says why) and, `by_part`, each row's part (1-based) in
-    `_part`. Inserting from it keeps the files' order: read_json's scan is ordered, and nothing
-    between it and the insert joins (see _insert_sql)."""
+    """The events of the files `$parts` as read_json gives them, their times cleared where absurd
+    (`_absurd` says why) and, `by_part`, each row's part (1-based) in `_part`: _insert_sql's source,
+    or the raw table's. Inserting from it keeps the files' order: read_json's scan is ordered, and
+    nothing between it and the insert joins (see _insert_sql)."""
     part = ", list_position($parts, filename) AS _part" if by_part else ""
     ignore = "true" if ignore_errors else "false"
     return (
@@ -380,10 +372,7 @@ def _json_source(columns_sql: str, ignore_errors: bool, max_object_bytes: int, b
 
 def _holds_generic(con, run_ids: list[int]) -> bool:
     """Whether these runs' inserted events hold a phase Kineto never writes (a generic Chrome trace)."""
-    phases = ", ".join(_sql_str(p) for p in chrome_pairs.KINETO_PHASES)
-    return con.execute(
-        f"SELECT EXISTS (SELECT 1 FROM event_rows WHERE {OF_RUNS} AND ph NOT IN ({phases}))", of_runs(run_ids)
-    ).fetchone()[0]
+    return chrome_pairs.needs_generic(con, f"(SELECT ph FROM event_rows WHERE {OF_RUNS})", False, of_runs(run_ids))
 
 
 PID_N = "TRY_CAST(pid AS BIGINT)"
@@ -417,33 +406,25 @@ def _load(
     extra_sql = "json_object(" + ", ".join(f'{_sql_str(k)}, "{k}"' for k in extra) + ")" if extra else "NULL::JSON"
     base_ns = _base_time_ns(staged.metadata)
     before = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
-    parts = [str(p) for p in staged.parts]
+    source = _json_source(columns_sql, ignore_errors, max_object_bytes, by_part=False)
+    # A Kineto trace (as its first MiB says) goes from read_json straight into event_rows, so its
+    # events are not held twice; a phase Kineto never writes further on means a generic Chrome trace
+    # after all, read again with its pairing keys (the caller rolls this insert back). A generic one
+    # takes a raw table first: chrome_pairs pairs begins and ends in it before the insert.
+    statement = (
+        _insert_sql(str(run_id), str(base_ns), exact, False, extra_sql, source=source)
+        if not generic_keys
+        else f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT * FROM {source}"
+    )
+    try:
+        con.execute(statement, {"parts": [str(p) for p in staged.parts]})
+    except Exception as e:  # duckdb.Error subclasses; message carries the byte position
+        raise _input_error(staged, e) from None
     if not generic_keys:
-        # a Kineto trace (as its first MiB says) goes from read_json straight into event_rows, so its
-        # events are not held twice; a phase Kineto never writes further on means a generic Chrome
-        # trace after all, read again with its pairing keys (the caller rolls this insert back)
-        source = _json_source(columns_sql, ignore_errors, max_object_bytes, by_part=False)
-        try:
-            con.execute(
-                _insert_sql(str(run_id), str(base_ns), exact, False, extra_sql, source=source), {"parts": parts}
-            )
-        except Exception as e:  # duckdb.Error subclasses; message carries the byte position
-            raise _input_error(staged, e) from None
         if _holds_generic(con, [run_id]):
             raise _GenericKeysNeeded
         generic, notes = False, {}
     else:
-        # the raw table first: chrome_pairs pairs begins and ends in it before the insert
-        try:
-            con.execute(
-                f"CREATE OR REPLACE TEMP TABLE {RAW_TABLE} AS SELECT * FROM read_json($parts, format='array', "
-                f"columns={columns_sql}, ignore_errors={'true' if ignore_errors else 'false'}, "
-                f"maximum_object_size={max_object_bytes})",
-                {"parts": parts},
-            )
-        except Exception as e:  # duckdb.Error subclasses; message carries the byte position
-            raise _input_error(staged, e) from None
-        _flag_absurd(con)
         generic = chrome_pairs.needs_generic(con, RAW_TABLE, generic_keys)
         notes = chrome_pairs.prepare(con, RAW_TABLE) if generic else {}
         con.execute(_insert_sql(str(run_id), str(base_ns), exact, generic, extra_sql))
@@ -491,13 +472,12 @@ def batchable(con, exports: list[Export]) -> list[bool]:
     items: list[_BatchItem] = [export.batch for export in exports]
     parts = [str(p) for item in items for p in item.staged.parts]
     owner = [k for k, item in enumerate(items) for _ in item.staged.parts]
-    phases = ", ".join(_sql_str(p) for p in chrome_pairs.KINETO_PHASES)
     try:
         odd = con.execute(
             f"""SELECT list_position($parts, filename) AS part,
                        list_distinct(flatten(list(list_filter(
                            json_keys(json), lambda k: NOT list_contains($known, k))))) AS keys,
-                       bool_or((json ->> 'ph') NOT IN ({phases})) AS odd_phase,
+                       bool_or((json ->> 'ph') NOT IN ({chrome_pairs.KINETO_PHASES_SQL})) AS odd_phase,
                        bool_or(NOT starts_with(json, '{{')) AS not_object
                 FROM read_json_objects($parts, format='array', filename=true,
                                        maximum_object_size={DEFAULT_MAX_OBJECT})

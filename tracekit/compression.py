@@ -100,21 +100,24 @@ def prefix(path: Path, n: int) -> Prefix:
         # (a rank of 0.9 MB in 100 KB of gzip took two steps, and joining them cost a quarter of its
         # inflating); where it breaks, it is read again in steps, which place the error
         size = os.fstat(f.fileno()).st_size
-        for step in dict.fromkeys((size if size <= WHOLE_STEP else INPUT_STEP, INPUT_STEP)):
-            f.seek(0)
-            out = []
-            try:
-                for piece in _inflate(f, path, compression, n, total=n, step=step):
-                    out.append(piece)
-            except BrokenStream as e:
-                if step != INPUT_STEP:
-                    continue
-                return Prefix(b"".join(out), e)
-            break
-        data = b"".join(out)
-        if len(data) < n:  # the whole content, which the read that follows may take instead of inflating it again
-            _keep(path, data)
-        return Prefix(data)
+        head = _inflated_head(f, path, compression, n, size if size <= WHOLE_STEP else INPUT_STEP)
+        if head.broken is not None and size <= WHOLE_STEP:
+            head = _inflated_head(f, path, compression, n, INPUT_STEP)
+        if head.broken is None and len(head.data) < n:
+            _keep(path, head.data)  # the whole content: the read that follows may take it instead of inflating again
+        return head
+
+
+def _inflated_head(f, path: Path, compression: str, n: int, step: int) -> Prefix:
+    """The first `n` bytes of a gzip or xz file's content, inflated `step` compressed bytes at a time."""
+    f.seek(0)
+    out = []
+    try:
+        for piece in _inflate(f, path, compression, n, total=n, step=step):
+            out.append(piece)
+    except BrokenStream as e:
+        return Prefix(b"".join(out), e)
+    return Prefix(b"".join(out))
 
 
 def _decompressor(compression: str):

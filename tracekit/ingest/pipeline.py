@@ -484,6 +484,7 @@ class _Reads:
     def __init__(self, pool, inputs: list[Input], firsts: list[int], options: dict, progress) -> None:
         self.pool, self.inputs, self.options, self.progress = pool, inputs, options, progress
         self.ahead = [i for i in firsts if pool is not None and getattr(inputs[i].reader, "READ_AHEAD", False)]
+        self.position = {i: k for k, i in enumerate(self.ahead)}  # not ahead.index: a call of thousands of files
         self.pending: dict = {}
         self.here: dict[int, tuple[Part | None, BaseException | None]] = {}  # read by this thread, not yet taken
         self._submit(0)
@@ -499,7 +500,7 @@ class _Reads:
             self.progress(f"loading {self.inputs[i].path.name}")
         if i in self.here:
             part, error = self.here.pop(i)
-            self._submit(self.ahead.index(i) + 1)
+            self._submit(self.position[i] + 1)
             if error is not None:
                 raise error
             return part
@@ -507,8 +508,8 @@ class _Reads:
             return _read(self.inputs[i], self.options)
         future = self.pending.pop(i)
         if not future.done():
-            self._read_next_here(self.ahead.index(i) + 1)
-        self._submit(self.ahead.index(i) + 1)
+            self._read_next_here(self.position[i] + 1)
+        self._submit(self.position[i] + 1)
         return future.result()
 
     def _read_next_here(self, k: int) -> None:
