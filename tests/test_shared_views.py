@@ -208,3 +208,19 @@ def test_a_rule_that_crashes_is_a_note_and_the_others_still_report(monkeypatch):
     (note,) = [n for n in notes if n.rule == "G001"]
     assert "failed (a tracekit bug" in note.message and "TypeError" in note.message
     assert "test_shared_views.py:" in note.message
+
+
+def test_the_rank_summaries_of_one_rank_are_computed_when_asked():
+    """A cluster worker's chunk of one rank is no job by itself (HAS_JOB_SQL), yet its summaries go
+    to the reducer: computed once, rank_steps and the others read rank_collectives' table, with the
+    rows the views give."""
+    with tracekit.open(sample("gpu_tp2_rank0.json.gz")) as trace:
+        con = trace._db.con
+        live = {v: con.execute(f"SELECT * FROM {v} ORDER BY ALL").fetchall() for v in shared_views.RANK_VIEWS}
+        assert live["rank_collectives"] and live["rank_steps"]  # a rank of a real two-rank run
+        with shared_views.computed_once(con) as shared:
+            assert not set(shared_views.RANK_VIEWS) & set(shared.views)
+        with shared_views.computed_once(con, ranks=True) as shared:
+            assert set(shared_views.RANK_VIEWS) <= set(shared.views)
+            for view, rows in live.items():
+                assert con.execute(f"SELECT * FROM {view} ORDER BY ALL").fetchall() == rows, view

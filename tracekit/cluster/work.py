@@ -195,7 +195,7 @@ def analyze_chunk(
             cut = "" if summaries else " LIMIT 0"  # no job rule will read their rows: their columns
             # the views most rules and the summaries read, computed once for both (the analysis
             # reuses these tables: see engine.shared_views)
-            with computed_once(con) as shared:
+            with computed_once(con, ranks=summaries or None) as shared:
                 analysis = trace.analysis(rules, params, scope="run")
                 # through a cursor that reads the tables computed once: a plain cursor would see only
                 # the views, and compute the per-rank summaries again (0.9 s of a 32-rank chunk's 1.6)

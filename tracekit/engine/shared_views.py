@@ -99,9 +99,10 @@ def _reader(catalog: str, view: str) -> str:
 
 
 @contextlib.contextmanager
-def computed_once(con):
+def computed_once(con, ranks: bool | None = None):
     """Inside the block, each view of SHARED_VIEWS that exists reads a table computed on entry; yields
-    the Shared handle (a nested block on the same connection yields the outer one's)."""
+    the Shared handle (a nested block on the same connection yields the outer one's). `ranks`: whether
+    RANK_VIEWS are computed too; None: where the database holds a job (HAS_JOB_SQL)."""
     import duckdb
 
     with _active_lock:
@@ -119,7 +120,9 @@ def computed_once(con):
     catalog = f"tk_shared_{next(_catalog_numbers)}"
     con.execute(f"ATTACH ':memory:' AS {catalog}")
     made: list[str] = []
-    wanted = SHARED_VIEWS + (RANK_VIEWS if con.execute(HAS_JOB_SQL).fetchone()[0] else ())
+    if ranks is None:
+        ranks = con.execute(HAS_JOB_SQL).fetchone()[0]
+    wanted = SHARED_VIEWS + (RANK_VIEWS if ranks else ())
     try:
         for view in wanted:
             if view not in present:
