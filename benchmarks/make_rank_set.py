@@ -369,6 +369,59 @@ def build(
     return description
 
 
+def _write_copy(row) -> tuple[int, int, int]:
+    k, offset_us = row
+    if "copy" not in _SOURCES:
+        with (gzip.open if _CONFIG["source"].endswith(".gz") else open)(_CONFIG["source"], "rb") as f:
+            _SOURCES["copy"] = json.load(f)
+    trace = relabel(_SOURCES["copy"], k, _CONFIG["n"], offset_us, _CONFIG["seed"])
+    text = json.dumps(trace, separators=(",", ": ")).encode()
+    path = os.path.join(_CONFIG["out"], f"rank{k}.json.gz")
+    with open(path + ".tmp", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+    return k, len(text), os.path.getsize(path)
+
+
+def build_copies(source: str, n: int, out: str, seed: int = 0, max_offset_ms: float = 50.0, jobs: int = 2) -> dict:
+    """N ranks, each a copy of one real trace (a single process's Kineto trace) re-labelled as
+    `relabel` does: large ranks for measuring a worker's memory, where `build`'s rank matrix gives
+    ranks of about 1 MB. Reused when its description matches."""
+    out = os.path.abspath(out)
+    wanted = {"format": FORMAT, "world_size": n, "source": os.path.abspath(source), "seed": seed,
+              "max_offset_ms": max_offset_ms}  # fmt: skip
+    mpath = manifest_path(out)
+    if os.path.exists(mpath):
+        with open(mpath) as f:
+            previous = json.load(f)
+        if {k: previous.get(k) for k in wanted} == wanted and all(
+            os.path.exists(os.path.join(out, f"rank{k}.json.gz")) for k in range(n)
+        ):
+            return previous
+        os.remove(mpath)
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        if re.fullmatch(r"rank\d+\.json\.gz(\.tmp)?", name):
+            os.remove(os.path.join(out, name))
+    rng = random.Random(seed)
+    rows = [(k, round(rng.uniform(-max_offset_ms, max_offset_ms) * 1000.0, 3)) for k in range(n)]
+    config = {"source": source, "n": n, "seed": seed, "out": out}
+    _init(config)
+    t0 = time.perf_counter()
+    sizes = [None] * n
+    with mp.get_context("fork").Pool(max(1, jobs), initializer=_init, initargs=(config,)) as pool:
+        for k, raw, gz in pool.imap_unordered(_write_copy, rows):
+            sizes[k] = (raw, gz)
+    description = {**wanted, "folder": out, "files": [f"rank{k}.json.gz" for k in range(n)],
+                   "raw_json_bytes": [s[0] for s in sizes], "gz_bytes": [s[1] for s in sizes],
+                   "largest_raw_json_bytes": max(s[0] for s in sizes),
+                   "build_seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
+    with open(mpath + ".tmp", "w") as f:
+        json.dump(description, f, indent=1)
+    os.replace(mpath + ".tmp", mpath)
+    return description
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("n", type=int, help="number of ranks")

@@ -295,3 +295,27 @@ def test_local_workers_split_the_cores_for_duckdb_and_the_rules(monkeypatch):
         assert set(backend.client.run(_worker_duckdb_threads).values()) == {2}
         # glibc's adaptive malloc is left alone (Dask's nanny would set a trim threshold: a slower ingest)
         assert set(backend.client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values()) == {None}
+
+
+def test_the_default_plan_bounds_a_chunk_by_its_inflated_content(tmp_path, monkeypatch):
+    """Without a chunk size a chunk holds at most CHUNK_BYTES of inflated trace (a gzip counts its
+    content, not its file) and a larger file is a chunk alone, so a worker's memory follows the
+    largest rank file, not how many ranks a chunk of the default count would hold."""
+    from tracekit import compression
+    from tracekit.cluster import plan as planning
+
+    inflated = [compression.inflated_size(p) for p in SLOW_COMPUTE]
+    assert all(i > 4 * p.stat().st_size for i, p in zip(inflated, SLOW_COMPUTE))
+    large = tmp_path / "large.json"
+    large.write_text(json.dumps({"traceEvents": []}) + " " * (3 * max(inflated)))
+    inputs = [*SLOW_COMPUTE[:3], large, *SLOW_COMPUTE[3:]]
+    monkeypatch.setattr(planning, "CHUNK_BYTES", 2 * max(inflated) + 1)  # two ranks, never three
+    chunks, count = planning.auto_plan(inputs, workers=1)
+    assert count == 5  # about two chunks per worker by count alone
+    r = [str(p) for p in SLOW_COMPUTE]
+    assert [c.paths for c in chunks] == [(r[0], r[1]), (r[2],), (str(large),), (r[3], r[4]), (r[5], r[6]), (r[7],)]
+    assert [c.first for c in chunks] == [0, 2, 3, 4, 6, 8] and [c.index for c in chunks] == list(range(6))
+    monkeypatch.setattr(planning, "CHUNK_BYTES", 1 << 40)  # then the count bounds them
+    assert [len(c.paths) for c in planning.auto_plan(inputs, workers=4)[0]] == [2, 2, 2, 2, 1]
+    # a chunk size given is a count, whatever the content
+    assert [len(c.paths) for c in planning.plan(inputs, chunk_size=4)] == [4, 4, 1]

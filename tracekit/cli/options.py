@@ -153,7 +153,8 @@ def cluster_options(f):
     f = click.option(
         "--chunk-size", type=click.IntRange(min=1), default=None,
         help="With --workers/--scheduler: consecutive inputs per chunk (one database on a worker at a time); "
-        "default: about two chunks per worker, at most 32 inputs each.",
+        "default: about two chunks per worker, at most 32 inputs and 64 MiB of inflated trace each "
+        "(a larger rank file is a chunk alone).",
     )(f)  # fmt: skip
     f = click.option(
         "--scheduler", metavar="ADDRESS",

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from tracekit.cluster import reduce
 from tracekit.cluster.backends import DaskBackend, InProcessBackend
-from tracekit.cluster.plan import auto_chunk_size, plan
+from tracekit.cluster.plan import CHUNK_BYTES, auto_plan, plan
 from tracekit.cluster.work import Analyzed, Ingested
 from tracekit.errors import TracekitError
 
@@ -59,7 +59,8 @@ def analyze_job(
     LocalCluster of N single-threaded worker processes, started and closed here; `scheduler`: the
     address of an existing Dask scheduler, whose workers must see the input paths. `chunk_size`:
     consecutive inputs per chunk (a worker holds one chunk's database at a time); default: about two
-    chunks per worker, at most 32 inputs each (`plan.auto_chunk_size`). `rules`, `params`:
+    chunks per worker, at most 32 inputs and 64 MiB of inflated content each, a larger file a chunk
+    of its own (`plan.auto_plan`). `rules`, `params`:
     as for Trace.analysis. `progress`: called with a line as chunks are ingested and analysed."""
     from tracekit.api import analysis_key
 
@@ -73,8 +74,10 @@ def analyze_job(
     with backend:
         listed = inputs if isinstance(inputs, (list, tuple)) else [inputs]
         if chunk_size is None:
-            chunk_size = auto_chunk_size(len(plan(listed, 1)), backend.workers)
-        chunks = plan(listed, chunk_size)
+            chunks, chunk_size = auto_plan(listed, backend.workers)
+            chunk_bytes = CHUNK_BYTES
+        else:
+            chunks, chunk_bytes = plan(listed, chunk_size), None
         ingested = backend.ingest(chunks, rank=rank, metrics=tuple(metrics))
         missing: list[dict] = []
         good: list[Ingested] = []
@@ -118,6 +121,7 @@ def analyze_job(
         "workers": worker_count,
         "chunks": len(chunks),
         "chunk_size": chunk_size,
+        "chunk_bytes": chunk_bytes,
         "inputs": sum(len(c.paths) for c in chunks),
         "runs": len(runs),
         "peak_rss_mb": _peaks(ingested, outcomes),
