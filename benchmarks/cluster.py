@@ -180,6 +180,60 @@ def run_size(n, args, flags, r_rules):
     return row
 
 
+def run_large(args):
+    """Memory on large ranks: N copies of one real trace, each bigger than a chunk's content cap, so
+    the default plan gives each its own chunk; beside it, chunks of the count alone (what the plan
+    gave before the cap) and a one-rank analyze of the same file."""
+    from tracekit.cluster.plan import auto_chunk_size
+
+    n = args.large_ranks
+    print(f"large ranks: building {n} copies of {os.path.basename(args.large_source)} ...", file=sys.stderr, flush=True)
+    desc = make_rank_set.build_copies(args.large_source, n, os.path.join(make_rank_set.CACHE, f"large-{n}"),
+                                      seed=args.seed, jobs=args.cores)  # fmt: skip
+    files = [os.path.join(desc["folder"], f) for f in desc["files"]]
+    count = auto_chunk_size(n, 2)
+    row = {"desc": desc, "count": count, "res": {}, "cluster": {}}
+    for key, fs, extra in [
+        ("one", files[:1], []),
+        ("default", files, ["--workers", "2"]),
+        ("count", files, ["--workers", "2", "--chunk-size", str(count)]),
+    ]:
+        print(f"large ranks: tracekit {' '.join(extra) or 'one rank'} ...", file=sys.stderr, flush=True)
+        res, rep = run_tracekit(fs, extra, args)
+        row["res"][key] = res
+        c = (rep or {}).get("cluster") or {}
+        row["cluster"][key] = (cluster_stats(rep)[0], c.get("chunks"))
+    return row
+
+
+def large_section(large, args) -> list[str]:
+    d, res = large["desc"], large["res"]
+    one = res["one"].rss
+    out = [
+        "",
+        "### Memory on large ranks",
+        "",
+        f"{d['world_size']} ranks, each a copy of `{os.path.basename(d['source'])}` (a real single-GPU trace) "
+        f"re-labelled as `make_rank_set.build_copies` does, {d['largest_raw_json_bytes'] / 1e6:.0f} MB of JSON "
+        "each: larger than a chunk's cap of inflated trace (`plan.CHUNK_BYTES`), so the default plan gives "
+        f"each rank a chunk of its own. `--chunk-size {large['count']}` is what the count alone gave for "
+        f"{d['world_size']} ranks on 2 workers. The one-rank analyze is of the first copy.",
+        "",
+        "| run | wall s | chunks | max worker peak RSS MB | / one-rank analyze |",
+        "|---|---:|---:|---:|---:|",
+        f"| one-rank analyze | {fmt(res['one'], 'wall', args.timeout)} | | {fmt(res['one'], 'rss', 0)} | |",
+    ]
+    for key, label in (
+        ("default", "`--workers 2` (default plan)"),
+        ("count", f"`--workers 2 --chunk-size {large['count']}`"),
+    ):
+        wrss, chunks = large["cluster"][key]
+        ratio = f"{wrss * 1e6 / one:.2f}x" if wrss and one else "n/a"
+        out.append(f"| {label} | {fmt(res[key], 'wall', args.timeout)} | {chunks if chunks is not None else 'n/a'} | "
+                   f"{f'{wrss:.0f}' if wrss else 'n/a'} | {ratio} |")  # fmt: skip
+    return out
+
+
 def fmt(r: run.Result, what: str, timeout: int) -> str:
     if r.error is None:
         return f"{r.wall:.2f}" if what == "wall" else f"{r.rss / 1e6:.0f}"
@@ -203,7 +257,7 @@ def verdict(ok):
     return "n/a" if ok is None else ("**met**" if ok else "**NOT met**")
 
 
-def report(rows, info, args, flags, r_rules):
+def report(rows, info, args, flags, r_rules, large=None):
     heads = [h for _, h, _ in VARIANTS]
     out = [
         HEADING,
@@ -281,11 +335,13 @@ def report(rows, info, args, flags, r_rules):
             + " | ".join(row["verdict"].get(k, (None, "n/a"))[1].replace("|", "\\|") for k, _, _ in VARIANTS)
             + " |"
         )
-    out += ["", "### Targets", ""] + targets(rows, args) + [""]
+    if large is not None:
+        out += large_section(large, args)
+    out += ["", "### Targets", ""] + targets(rows, args, large) + [""]
     return "\n".join(out)
 
 
-def targets(rows, args):
+def targets(rows, args, large=None):
     by_n = {row["n"]: row for row in rows}
     lines = []
 
@@ -339,6 +395,15 @@ def targets(rows, args):
         )
     else:
         lines.append("- worker peak RSS bounded by the largest rank file: n/a (no per-worker RSS in the report)")
+    if large is not None:
+        wrss, one = large["cluster"]["default"][0], large["res"]["one"].rss
+        if wrss and one:
+            lines.append(
+                f"- worker peak RSS <= {TARGET_WORKER_RSS}x a one-rank analyze, large ranks, default plan: "
+                f"{verdict(wrss * 1e6 / one <= TARGET_WORKER_RSS)} ({wrss * 1e6 / one:.2f}x)"
+            )
+        else:
+            lines.append("- worker peak RSS on large ranks: n/a (a run failed)")
 
     r = by_n.get(4096)
     red = (
@@ -401,6 +466,9 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cores", type=int, default=2, help="CPUs each run is pinned to (the targets are stated for 2)")
     ap.add_argument("--out", default=os.path.join(run.HERE, "RESULTS.md"), help="results file ('-': print only)")
+    ap.add_argument("--large-ranks", type=int, default=16, help="ranks of the large-rank memory run (0: none)")
+    ap.add_argument("--large-source", default=os.path.join(run.CORPUS, "hta__df_index_resolver.json.gz"),
+                    help="the real trace the large ranks copy")  # fmt: skip
     args = ap.parse_args()
 
     run.TRACEKIT = args.tracekit
@@ -428,13 +496,14 @@ def main():
         run.measure([run.HTA_PY, "-c", HTA_DIR_CODE, desc["folder"], str(small)], args.cores, args.hta_timeout)
 
     rows = [run_size(n, args, flags, r_rules) for n in args.sizes]
+    large = run_large(args) if args.large_ranks and "--workers" in flags else None
     commit = subprocess.run(["git", "-C", run.ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     info = run.machine_info(args.cores)
     info.insert(1, ("load average at start; end (1/5/15 min)", f"{load}; {load_average()}"))
     info.insert(2, ("commit", commit.stdout.strip() or "unknown"))
     if args.tracekit != run.ROOT_TRACEKIT:
         info.append(("tracekit executable", args.tracekit))
-    text = report(rows, info, args, flags, r_rules)
+    text = report(rows, info, args, flags, r_rules, large)
     print(text)
     if args.out != "-":
         write_section(args.out, text)
