@@ -155,17 +155,20 @@ WITH RECURSIVE windows AS MATERIALIZED (
     WHERE l.run_id = $run_id AND l.device = $device AND l.launch_ts_ns < w.end_ns
       AND l.runtime_name NOT ILIKE '%GraphLaunch%'
 ), up(runtime_event_id, event_id, parent_id, kind, name, hops) AS (
+    -- a launch's ancestors are events of its own run: each level joins that run's events only
     SELECT s.runtime_event_id, e.event_id, e.parent_id, e.kind, e.name, 0
     FROM (SELECT DISTINCT runtime_event_id FROM sel) s JOIN events e ON e.event_id = s.runtime_event_id
+    WHERE e.run_id = $run_id
     UNION ALL
     SELECT up.runtime_event_id, e.event_id, e.parent_id, e.kind, e.name, up.hops + 1
-    FROM up JOIN events e ON e.event_id = up.parent_id WHERE up.hops < 64
+    FROM up JOIN events e ON e.event_id = up.parent_id WHERE up.hops < 64 AND e.run_id = $run_id
 ), top_op AS (
     SELECT runtime_event_id, arg_max(event_id, hops) AS op_event_id
     FROM up WHERE kind = 'cpu_op' AND name NOT LIKE 'ProfilerStep#%' GROUP BY runtime_event_id
 ), labelled AS (
     SELECT sel.*, coalesce(c.name, '(no op)') AS op, c.input_dims
-    FROM sel LEFT JOIN top_op t USING (runtime_event_id) LEFT JOIN cpu_ops c ON c.event_id = t.op_event_id
+    FROM sel LEFT JOIN top_op t USING (runtime_event_id)
+    LEFT JOIN (SELECT event_id, name, input_dims FROM cpu_ops WHERE run_id = $run_id) c ON c.event_id = t.op_event_id
 ), sig AS (
     SELECT op, input_dims, count(*) AS n, count(*) FILTER (WHERE gpu_dur_ns < launch_dur_ns) AS shorter,
            sum(gpu_dur_ns) AS gpu_ns, sum(launch_dur_ns) AS launch_ns, min(runtime_event_id) AS sample,

@@ -204,14 +204,23 @@ class Context:
         """Python frames around an event, innermost first: the frames on its thread that contain it."""
         if event_id is None:
             return []
+        # the event's thread and span first, by rowid: the frames are then read from that run's rows
+        # alone (a join of `events` with `python_functions` scanned every run's frames, per call).
+        # Frames cut at the trace's end can share a depth: of those, the later start is the inner one
+        event = self.con.execute(
+            "SELECT run_id, pid, tid, ts_ns, ts_ns + coalesce(dur_ns, 0) FROM event_rows WHERE rowid = ?", [event_id]
+        ).fetchone()
+        if event is None:
+            return []
+        run_id, pid, tid, ts_ns, end_ns = event
         found = self.con.execute(
             """
-            SELECT f.name FROM events e JOIN python_functions f
-              ON f.run_id = e.run_id AND f.pid = e.pid AND f.tid = e.tid
-             AND f.ts_ns <= e.ts_ns AND f.end_ns >= e.end_ns
-            WHERE e.event_id = ? ORDER BY f.depth DESC LIMIT ?
+            SELECT name FROM event_rows
+            WHERE run_id = ? AND kind = 'python_function' AND pid = ? AND tid = ?
+              AND ts_ns <= ? AND ts_ns + coalesce(dur_ns, 0) >= ?
+            ORDER BY CASE WHEN ph = 'X' THEN coalesce(depth, 0) END DESC, ts_ns DESC, rowid DESC LIMIT ?
             """,
-            [event_id, limit],
+            [run_id, pid, tid, ts_ns, end_ns, limit],
         ).fetchall()
         # builtin frames name a live object ("... object at 0x7f..."): drop the address so locality,
         # and with it the finding id, is the same in every run
