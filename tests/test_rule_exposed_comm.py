@@ -7,8 +7,10 @@ import re
 import jsonschema
 import pytest
 
+import tracekit
 from tracekit.engine.registry import get_rule
 from tracekit.engine.runner import run_rules
+from tracekit.engine.toolkit import rows
 from tracekit.findings.model import json_schema
 
 from .conftest import corpus, evidence, run_rule, sample
@@ -245,3 +247,52 @@ def test_exposed_comm_on_a_host_bound_gpu_is_held_at_info(loaded):
     # where exposed comm is a large part of the busy step, it stays a warning
     [g] = run_rule(loaded(corpus("hta__df_index_resolver.json.gz")), "C001")[0]
     assert g.severity == "warning" and "idle_to_exposed" not in g.extra
+
+
+def test_each_kernel_is_matched_with_its_latest_peer_as_by_pairing_every_rank():
+    """CROSS_RANK_SQL keeps each collective's two latest starts and two earliest ends instead of
+    pairing every rank with every other: per kernel, the latest peer start, that peer's rank and
+    whether the kernel overlaps its peers are those of the pairwise definition, including where the
+    kernel itself is the latest to start or the earliest to end."""
+    import random
+
+    from tracekit.rules import _collectives
+
+    rng = random.Random(7)
+    spans = {}  # (run, n) -> (start, end)
+    with tracekit.open() as trace:
+        con = trace.connection
+        for run in range(1, 6):
+            for n in range(1, 41):
+                start = n * 10_000 + rng.randrange(0, 3_000)
+                end = n * 10_000 + 4_000 + rng.randrange(0, 3_000)
+                if n % 7 == run:  # a rank that arrives after the others left: no overlap
+                    start, end = n * 10_000 + 8_000, n * 10_000 + 9_000
+                spans[run, n] = (start, end)
+                con.execute(
+                    "INSERT INTO peer_collectives (run_id, rank, world_size, process_group, seq, collective, event_id,"
+                    " on_device, device, start_ns, end_ns, dur_ns) VALUES (?, ?, 5, '0', ?, 'allreduce', ?, true, 0,"
+                    " ?, ?, ?)",
+                    [run, run - 1, n, run * 1000 + n, start, end, end - start],
+                )
+        runs = list(range(1, 6))
+        got = {
+            (r.run_id, r.event_id): (r.latest_peer_start_skew_ns, r.latest_peer_rank, r.overlaps_peers)
+            for r in rows(con, _collectives.CROSS_RANK_SQL, {"run_ids": runs, "own_run_ids": [2, 4]})
+        }
+    expected = {}
+    for run in (2, 4):
+        for n in range(1, 41):
+            start, end = spans[run, n]
+            peers = [(spans[p, n], p) for p in runs if p != run]
+            latest_start, latest_run = max((s, p) for (s, _), p in peers)  # ties: the higher run
+            first_end = min(e for (_, e), _ in peers)
+            expected[run, run * 1000 + n] = (
+                latest_start - start,
+                latest_run - 1,
+                max(latest_start, start) <= min(first_end, end),
+            )
+    assert got == expected
+    # the cases the two-deep lists are for occur: a kernel that starts last, one that ends first
+    assert any(skew < 0 for skew, _, _ in got.values())
+    assert any(not overlaps for _, _, overlaps in got.values())
