@@ -206,6 +206,54 @@ def run_large(args):
     return row
 
 
+def run_gpu(args):
+    """GPU ranks: copies of the TP=2 sample's two real NCCL ranks (kernels, launches, Python frames,
+    communication kernels that match across ranks), where the CPU rank sets have no GPU work for the
+    per-run GPU rules to scale on. Equal clocks, so C001 matches every rank's kernels."""
+    n = args.gpu_ranks
+    sources = [os.path.join(run.ROOT, "sample_traces", f"gpu_tp2_rank{r}.json.gz") for r in (0, 1)]
+    print(f"GPU ranks: building {n} copies of the TP=2 sample ...", file=sys.stderr, flush=True)
+    desc = make_rank_set.build_copies(sources, n, os.path.join(make_rank_set.CACHE, f"gpu-{n}"), seed=args.seed,
+                                      max_offset_ms=0.0, jobs=args.cores)  # fmt: skip
+    files = [os.path.join(desc["folder"], f) for f in desc["files"]]
+    row = {"desc": desc, "res": {}, "cluster": {}}
+    for key, fs, extra in [("one", files[:1], []), ("inproc", files, []), ("w2", files, ["--workers", "2"])]:
+        print(f"GPU ranks: tracekit {' '.join(extra) or ('one rank' if key == 'one' else 'in-process')} ...",
+              file=sys.stderr, flush=True)  # fmt: skip
+        res, rep = run_tracekit(fs, extra, args)
+        row["res"][key] = res
+        row["cluster"][key] = cluster_stats(rep)[0]
+    if args.hta_sizes and not args.hta_error:
+        print("GPU ranks: HTA ...", file=sys.stderr, flush=True)
+        row["res"]["hta"] = run.measure([run.HTA_PY, "-c", HTA_DIR_CODE, desc["folder"], str(n)], args.cores,
+                                        args.hta_timeout)  # fmt: skip
+    else:
+        row["res"]["hta"] = run.Result(error=args.hta_error or "not run (--hta-sizes)")
+    return row
+
+
+def gpu_section(gpu, args) -> list[str]:
+    d, res = gpu["desc"], gpu["res"]
+    best = min((r.wall for k, r in res.items() if k in ("inproc", "w2") and r.wall), default=None)
+    ratio = f"{res['hta'].wall / best:.1f}x" if res["hta"].wall and best else "n/a"
+    w2 = gpu["cluster"].get("w2")
+    return [
+        "",
+        "### GPU ranks",
+        "",
+        f"{d['world_size']} ranks, copies of the TP=2 sample's two real NCCL ranks (`sample_traces/gpu_tp2_rank*.json.gz`, "
+        f"{d['largest_raw_json_bytes'] / 1e6:.1f} MB of JSON each) re-labelled by `make_rank_set.build_copies` with equal "
+        "clocks: kernels, launches, Python frames and communication kernels that match across ranks, which the CPU "
+        "rank sets above do not have. HTA / tracekit is against the faster tracekit run.",
+        "",
+        "| one-rank analyze | tracekit in-process | tracekit --workers 2 | max worker peak RSS MB | HTA load | HTA / tracekit |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {fmt(res['one'], 'wall', args.timeout)} s | {fmt(res['inproc'], 'wall', args.timeout)} s | "
+        f"{fmt(res['w2'], 'wall', args.timeout)} s | {f'{w2:.0f}' if w2 else 'n/a'} | "
+        f"{fmt(res['hta'], 'wall', args.hta_timeout)} s | {ratio} |",
+    ]
+
+
 def large_section(large, args) -> list[str]:
     d, res = large["desc"], large["res"]
     one = res["one"].rss
@@ -257,7 +305,7 @@ def verdict(ok):
     return "n/a" if ok is None else ("**met**" if ok else "**NOT met**")
 
 
-def report(rows, info, args, flags, r_rules, large=None):
+def report(rows, info, args, flags, r_rules, large=None, gpu=None):
     heads = [h for _, h, _ in VARIANTS]
     out = [
         HEADING,
@@ -335,6 +383,8 @@ def report(rows, info, args, flags, r_rules, large=None):
             + " | ".join(row["verdict"].get(k, (None, "n/a"))[1].replace("|", "\\|") for k, _, _ in VARIANTS)
             + " |"
         )
+    if gpu is not None:
+        out += gpu_section(gpu, args)
     if large is not None:
         out += large_section(large, args)
     out += ["", "### Targets", ""] + targets(rows, args, large) + [""]
@@ -466,6 +516,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cores", type=int, default=2, help="CPUs each run is pinned to (the targets are stated for 2)")
     ap.add_argument("--out", default=os.path.join(run.HERE, "RESULTS.md"), help="results file ('-': print only)")
+    ap.add_argument("--gpu-ranks", type=int, default=64, help="ranks of the GPU rank set (0: none)")
     ap.add_argument("--large-ranks", type=int, default=16, help="ranks of the large-rank memory run (0: none)")
     ap.add_argument("--large-source", default=os.path.join(run.CORPUS, "hta__df_index_resolver.json.gz"),
                     help="the real trace the large ranks copy")  # fmt: skip
@@ -497,13 +548,14 @@ def main():
 
     rows = [run_size(n, args, flags, r_rules) for n in args.sizes]
     large = run_large(args) if args.large_ranks and "--workers" in flags else None
+    gpu = run_gpu(args) if args.gpu_ranks and "--workers" in flags else None
     commit = subprocess.run(["git", "-C", run.ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     info = run.machine_info(args.cores)
     info.insert(1, ("load average at start; end (1/5/15 min)", f"{load}; {load_average()}"))
     info.insert(2, ("commit", commit.stdout.strip() or "unknown"))
     if args.tracekit != run.ROOT_TRACEKIT:
         info.append(("tracekit executable", args.tracekit))
-    text = report(rows, info, args, flags, r_rules, large)
+    text = report(rows, info, args, flags, r_rules, large, gpu)
     print(text)
     if args.out != "-":
         write_section(args.out, text)

@@ -371,10 +371,11 @@ def build(
 
 def _write_copy(row) -> tuple[int, int, int]:
     k, offset_us = row
-    if "copy" not in _SOURCES:
-        with (gzip.open if _CONFIG["source"].endswith(".gz") else open)(_CONFIG["source"], "rb") as f:
-            _SOURCES["copy"] = json.load(f)
-    trace = relabel(_SOURCES["copy"], k, _CONFIG["n"], offset_us, _CONFIG["seed"])
+    source = _CONFIG["sources"][k % len(_CONFIG["sources"])]
+    if source not in _SOURCES:
+        with (gzip.open if source.endswith(".gz") else open)(source, "rb") as f:
+            _SOURCES[source] = json.load(f)
+    trace = relabel(_SOURCES[source], k, _CONFIG["n"], offset_us, _CONFIG["seed"])
     text = json.dumps(trace, separators=(",", ": ")).encode()
     path = os.path.join(_CONFIG["out"], f"rank{k}.json.gz")
     with open(path + ".tmp", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f:
@@ -383,12 +384,15 @@ def _write_copy(row) -> tuple[int, int, int]:
     return k, len(text), os.path.getsize(path)
 
 
-def build_copies(source: str, n: int, out: str, seed: int = 0, max_offset_ms: float = 50.0, jobs: int = 2) -> dict:
-    """N ranks, each a copy of one real trace (a single process's Kineto trace) re-labelled as
-    `relabel` does: large ranks for measuring a worker's memory, where `build`'s rank matrix gives
-    ranks of about 1 MB. Reused when its description matches."""
+def build_copies(sources, n: int, out: str, seed: int = 0, max_offset_ms: float = 50.0, jobs: int = 2) -> dict:
+    """N ranks, rank k a copy of sources[k % len(sources)] (real Kineto traces of one process each)
+    re-labelled as `relabel` does: large ranks for measuring a worker's memory, or GPU ranks (the
+    TP=2 sample's two ranks, with equal clocks so that their NCCL kernels match across ranks), where
+    `build`'s rank matrix gives CPU ranks of about 1 MB. Reused when its description matches."""
+    sources = [sources] if isinstance(sources, str) else list(sources)
     out = os.path.abspath(out)
-    wanted = {"format": FORMAT, "world_size": n, "source": os.path.abspath(source), "seed": seed,
+    wanted = {"format": FORMAT, "world_size": n, "source": os.path.abspath(sources[0]),
+              "sources": [os.path.abspath(s) for s in sources], "seed": seed,
               "max_offset_ms": max_offset_ms}  # fmt: skip
     mpath = manifest_path(out)
     if os.path.exists(mpath):
@@ -405,7 +409,7 @@ def build_copies(source: str, n: int, out: str, seed: int = 0, max_offset_ms: fl
             os.remove(os.path.join(out, name))
     rng = random.Random(seed)
     rows = [(k, round(rng.uniform(-max_offset_ms, max_offset_ms) * 1000.0, 3)) for k in range(n)]
-    config = {"source": source, "n": n, "seed": seed, "out": out}
+    config = {"sources": [os.path.abspath(s) for s in sources], "n": n, "seed": seed, "out": out}
     _init(config)
     t0 = time.perf_counter()
     sizes = [None] * n
