@@ -3,15 +3,27 @@
 Ranking: severity first, then the share of the analysed window the finding costs, then its rule
 and id so equal findings keep one order across runs. The report is bounded so an agent can take it
 whole: at most `max_findings` findings, each already compact; what was cut is counted, not lost.
+
+A report of more than MANY_RUNS runs (a job's ranks) folds the same finding on several ranks (same
+rule, same locality but for the rank's own run, device, thread and clock) into its highest-ranked
+one, and `same_on_ranks` names the others by rank and id: on 64 ranks the 25 findings shown were one
+G001 finding 25 times, and the straggler finding was among the 168 cut.
 """
 
 from __future__ import annotations
+
+import json
 
 from tracekit import __version__
 from tracekit.db.schema import SCHEMA_VERSION
 from tracekit.findings.model import FINDING_SCHEMA_VERSION, SEVERITY_RANK, Finding
 
-REPORT_VERSION = "1.0"
+REPORT_VERSION = "1.1"
+# More runs than this and the report folds the same finding on several ranks into one.
+MANY_RUNS = 8
+# Where on one rank a finding is: left out when matching it with the same finding on other ranks (a
+# rank's device is its local rank, its threads and clock are its own).
+_RANK_KEYS = frozenset({"run_id", "run_label", "rank", "device", "pid", "tid", "thread_name", "window_ns"})
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
@@ -61,7 +73,8 @@ def report_of_records(runs: list[dict], records: list[dict], notes: list[dict], 
     """The report document from its parts as plain data: the runs section, finding records, notes
     (as dicts) and the summary; what a cluster run's reducer builds from its workers' results."""
     ranked = rank_records(records)
-    kept = ranked[:max_findings]
+    shown, same = fold(ranked) if len(runs) > MANY_RUNS else (ranked, {})
+    kept = shown[:max_findings]
     counts = {s: sum(1 for r in records if r["severity"] == s) for s in SEVERITY_RANK}
     return {
         "report_version": REPORT_VERSION,
@@ -72,10 +85,34 @@ def report_of_records(runs: list[dict], records: list[dict], notes: list[dict], 
         "summary": summary,
         "findings": kept,
         "findings_total": len(records),
-        "findings_omitted": len(ranked) - len(kept),
+        "findings_omitted": len(shown) - len(kept),
+        "findings_folded": len(ranked) - len(shown),
+        "same_on_ranks": {r["id"]: same[r["id"]] for r in kept if r["id"] in same},
         "severity_counts": counts,
         "data_quality": notes,
     }
+
+
+def fold(ranked: list[dict]) -> tuple[list[dict], dict]:
+    """(the first record of each group of the same finding on several ranks, in rank order;
+    {its id: {"ranks", "ids", "impact_ns"}} for each group of two or more: every rank of the group,
+    the other records' ids in rank order, and the smallest and largest impact)."""
+    groups: dict[str, list[dict]] = {}
+    for r in ranked:
+        where = {k: v for k, v in (r.get("locality") or {}).items() if k not in _RANK_KEYS}
+        groups.setdefault(r["rule"] + json.dumps(where, sort_keys=True, default=str), []).append(r)
+    shown = [members[0] for members in groups.values()]  # in rank order: a group is keyed at its first
+    same = {}
+    for members in groups.values():
+        if len(members) > 1:
+            impacts = [m["impact"]["time_ns"] for m in members]
+            ranks = {(m.get("locality") or {}).get("rank") for m in members}
+            same[members[0]["id"]] = {
+                "ranks": sorted(r for r in ranks if r is not None),
+                "ids": [m["id"] for m in members[1:]],
+                "impact_ns": [min(impacts), max(impacts)],
+            }
+    return shown, same
 
 
 def worst_severity(findings: list[Finding]) -> str | None:

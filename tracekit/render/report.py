@@ -11,6 +11,7 @@ import sys
 
 import orjson
 
+from tracekit.render import many_runs
 from tracekit.units import duration, share
 
 REPORT_FORMATS = ("text", "json", "markdown")
@@ -54,14 +55,27 @@ def render(report: dict, fmt: str, out=None) -> None:
         to_text(report, out)
 
 
+def _also(same: dict) -> str:
+    """`the same on 31 more ranks (0-20, 22-31); impact 46.1-46.7 ms`."""
+    low, high = same["impact_ns"]
+    impact = duration(low) if low == high else f"{duration(low)}-{duration(high)}"
+    return (f"the same on {len(same['ids'])} more ranks (of ranks {many_runs.rank_ranges(same['ranks'])}); "
+            f"impact {impact}")  # fmt: skip
+
+
 def to_markdown(report: dict) -> str:
     lines = ["# tracekit report", ""]
-    lines += ["| run | rank | device | events | window |", "|---|---|---|---|---|"]
-    for r in report["runs"]:
-        lines.append(
-            f"| {r['label']} | {r['rank'] if r['rank'] is not None else '-'} | {r.get('device') or '-'} "
-            f"| {r['events_ingested']} | {duration(r['window_ns'])} |"
-        )
+    if many_runs.folded(report):
+        columns, rows = many_runs.run_groups(report["runs"])
+        lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(str(v) for v in row) + " |" for row in rows]
+    else:
+        lines += ["| run | rank | device | events | window |", "|---|---|---|---|---|"]
+        for r in report["runs"]:
+            lines.append(
+                f"| {r['label']} | {r['rank'] if r['rank'] is not None else '-'} | {r.get('device') or '-'} "
+                f"| {r['events_ingested']} | {duration(r['window_ns'])} |"
+            )
     lines += ["", f"## Findings ({report['findings_total']})", ""]
     for i, f in enumerate(report["findings"], 1):
         loc = f["locality"]
@@ -69,6 +83,11 @@ def to_markdown(report: dict) -> str:
             f"### {i}. [{f['severity']}] {f['rule']}: {f['title']}",
             "",
             f"- where: {_where(loc)}" + (f"; window {loc['window_ns']}" if loc.get("window_ns") else ""),
+            *(
+                [f"- also: {_also(report['same_on_ranks'][f['id']])}"]
+                if f["id"] in report.get("same_on_ranks", {})
+                else []
+            ),
             f"- observed: {f['observed']['value']} {f['observed']['unit']} ({f['observed'].get('what', '')})",
             f"- expected: {f['expected']['value']} {f['expected']['unit']} ({f['expected'].get('what', '')})",
             f"- impact: {duration(f['impact']['time_ns'])} = {share(f['impact']['share_of_window'])} of the window",
@@ -91,12 +110,25 @@ def to_markdown(report: dict) -> str:
         ]
     if report["data_quality"]:
         lines += ["## Data quality", ""] + [f"- {d['rule']}: {d['message']}" for d in report["data_quality"]]
-    lines += ["", _summary_markdown(report.get("summary") or {})]
+    lines += ["", _summary_markdown(report.get("summary") or {}, many_runs.folded(report))]
     return "\n".join(lines) + "\n"
 
 
-def _summary_markdown(summary: dict) -> str:
+def _summary_markdown(summary: dict, fold: bool = False) -> str:
     out = []
+    if fold:
+        listed, rows = many_runs.kernel_totals(summary.get("runs", []))
+        if not rows:
+            return ""
+        out += [
+            f"## Top kernels over {listed} runs (each run's top 5; one run: its least and most time)",
+            "",
+            "| " + " | ".join(many_runs.KERNEL_COLUMNS) + " |",
+            "|" + "---|" * len(many_runs.KERNEL_COLUMNS),
+        ]
+        out += [f"| {_cut(n, 90)} | {runs} | {count} | {duration(total)} | {duration(mean)} | {one} |"
+                for n, runs, count, total, mean, one in rows]  # fmt: skip
+        return "\n".join(out) + "\n"
     for run in summary.get("runs", []):
         kernels = run.get("top_kernels") or []
         if kernels:
@@ -123,17 +155,31 @@ def to_text(report: dict, out) -> None:
     width = shutil.get_terminal_size().columns
     console = Console(file=out, width=None if out.isatty() else width, highlight=False)
     console.print("[bold]runs[/bold]")
-    rows = [
-        (r["label"], "-" if r["rank"] is None else r["rank"], r.get("device") or "-", r["events_ingested"],
-         r["events_skipped"], r["window_ns"])
-        for r in report["runs"]
-    ]  # fmt: skip
-    out.write(table(["run", "rank", "device", "events", "skipped", "window"], rows, width, {"window": duration}))
+    if many_runs.folded(report):
+        columns, rows = many_runs.run_groups(report["runs"])
+        out.write(table(columns, rows, width))
+        console.print(f"[dim]({len(report['runs'])} runs, one row per device: `--format json` lists each)[/dim]")
+    else:
+        rows = [
+            (r["label"], "-" if r["rank"] is None else r["rank"], r.get("device") or "-", r["events_ingested"],
+             r["events_skipped"], r["window_ns"])
+            for r in report["runs"]
+        ]  # fmt: skip
+        out.write(table(["run", "rank", "device", "events", "skipped", "window"], rows, width, {"window": duration}))
     # measured checks come before the findings they undermine; rules that did not run are a footnote
     measured = [d for d in report["data_quality"] if d.get("check")]
     for d in measured:
         console.print(f"[yellow]data quality (run {d['run_id']}): {escape(d['message'])}[/yellow]")
-    for run in (report.get("summary") or {}).get("runs", []):
+    summary_runs = (report.get("summary") or {}).get("runs", [])
+    if many_runs.folded(report):
+        listed, rows = many_runs.kernel_totals(summary_runs)
+        if rows:
+            console.print(
+                f"\n[bold]top kernels over {listed} runs[/bold] (each run's top 5; one run: its least and most time)"
+            )
+            out.write(table(many_runs.KERNEL_COLUMNS, rows, width, {"total": duration, "mean": duration}))
+        summary_runs = []
+    for run in summary_runs:
         kernels = run.get("top_kernels") or []
         if not kernels:
             continue
@@ -154,10 +200,15 @@ def to_text(report: dict, out) -> None:
             f"   impact: {duration(f['impact']['time_ns'])} ({share(f['impact']['share_of_window'])} of window), "
             f"confidence {f['confidence']}"
         )
+        same = report.get("same_on_ranks", {}).get(f["id"])
+        if same:
+            console.print(f"   also:   {escape(_also(same))}")
         if f["locality"].get("code_path"):
             console.print("   code:   " + escape(" <- ".join(f["locality"]["code_path"][:3])))
         console.print(f"   next:   {escape(f['next_experiment'])}")
         console.print(f"   check:  {escape(f['acceptance'])}")
+    if report.get("findings_folded"):
+        console.print(f"\n({report['findings_folded']} findings are the same as one above on another rank: `also`)")
     if report["findings_omitted"]:
         console.print(f"\n({report['findings_omitted']} lower-ranked findings omitted; --max-findings raises the cap)")
     for d in report["data_quality"]:
