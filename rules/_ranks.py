@@ -45,3 +45,20 @@ def least_waiting(con, world_size: int, min_steps: int):
     peers = [r for r in per_rank if r is not slow]
     held = statistics.median(r.wait_ns for r in peers) - slow.wait_ns
     return slow, peers, held, statistics.median(r.iteration_ns for r in per_rank)
+
+
+def late_group(slow, peers, min_gap_ns: float) -> list:
+    """The ranks that arrive last together with `slow` (a slow node's ranks, two slower ranks), `slow`
+    first then by wait: in the ranks' mean waits, sorted, those below the widest gap, where that gap
+    is at least `min_gap_ns` and half the waits' whole range and leaves at least as many ranks above
+    it as below (more late ranks than waiting ones is no group holding the rest back). Otherwise
+    only `slow`."""
+    ranked = sorted([slow, *peers], key=lambda r: (r.wait_ns, r.rank))
+    span = ranked[-1].wait_ns - ranked[0].wait_ns
+    if len(ranked) < 3 or span <= 0:
+        return [slow]
+    gap, at = max(((ranked[i + 1].wait_ns - ranked[i].wait_ns, i) for i in range(len(ranked) - 1)),
+                  key=lambda g: (g[0], -g[1]))  # fmt: skip
+    if gap < min_gap_ns or gap < 0.5 * span or 2 * (at + 1) > len(ranked):
+        return [slow]
+    return [slow] + [r for r in ranked[: at + 1] if r is not slow]

@@ -6,7 +6,12 @@ cluster run's reducer. Per job (the ranked runs of one world size that share col
 iterations of the steady steps (`rank_step_waits`: a step's start to the next step's start, with the
 ranks put on one clock by `collective_arrivals`), it takes each rank's mean wait for its peers inside
 collectives per iteration. The rank that waits least is the one the others wait for; it *holds them
-back* by the median of the other ranks' mean wait minus its own. When that is at least
+back* by the median of the other ranks' mean wait minus its own. Ranks that arrive last together (a
+slow node: the ranks' mean waits split by a gap of at least `min_held_share` of the iteration and
+half their range, no more ranks below the gap than above it) are one late group: the rank that
+waits least stands for it, the time held and the causes are measured against the ranks above the
+gap, the title names the group and `late_together` lists it (on 64 copies of the TP=2 pair, 32
+ranks arrive last together, where the finding had said the other 63 waited). When the time held is at least
 `min_held_share` of the iteration, the rule looks for the cause in that rank's own breakdown against
 the median of its peers: a named op, annotation or kernel that takes longer per iteration
 (`rank_op_times`: its total time, or its self time, which is host time inside it outside any traced
@@ -208,7 +213,14 @@ def _job(con, ctx, params, world_size: int):
     if found is None:
         return None
     slow, peers, held, iteration = found
-    if iteration <= 0 or held < params["min_held_share"] * iteration:
+    if iteration <= 0:
+        return None
+    # ranks late together (a slow node): measured against the ranks that wait for them, not each other
+    late = _ranks.late_group(slow, peers, params["min_held_share"] * iteration)
+    if len(late) > 1:
+        peers = [p for p in peers if p not in late]
+        held = statistics.median(p.wait_ns for p in peers) - slow.wait_ns
+    if held < params["min_held_share"] * iteration:
         return None
     run_ids = [r.run_id for r in (slow, *peers)]
     where = {"run_ids": run_ids, "rank": slow.rank}
@@ -224,7 +236,7 @@ def _job(con, ctx, params, world_size: int):
         else None
     )
     return _finding(ctx, params, world_size, slow, peers, held, iteration, cause if explained else None, causes,
-                    consistency, at, skew, slower)  # fmt: skip
+                    consistency, at, skew, slower, late[1:])  # fmt: skip
 
 
 def _steadiness(consistency) -> float:
@@ -427,10 +439,22 @@ def _next_experiment(
     )
 
 
+def _late_text(slow, also_late, total: int) -> str:
+    """`Rank 5`, or `Ranks 1, 3, 5 (3 of 64, late together)`."""
+    if not also_late:
+        return f"Rank {slow.rank}"
+    ranks = sorted([slow.rank, *(r.rank for r in also_late)])
+    shown = ", ".join(map(str, ranks[:8])) + (", ..." if len(ranks) > 8 else "")  # all of them: details.late_together
+    return f"Ranks {shown} ({len(ranks)} of {total}, late together)"
+
+
 def _finding(
-    ctx, params, world_size, slow, peers, held, iteration, cause, causes, consistency, at, skew=None, slower=None
-):
+    ctx, params, world_size, slow, peers, held, iteration, cause, causes, consistency, at, skew=None, slower=None,
+    also_late=(),
+):  # fmt: skip
     run = ctx.run(slow.run_id)
+    total = len(peers) + 1 + len(also_late)
+    who = _late_text(slow, also_late, total)
     share = held / iteration
     t = _steadiness(consistency)
     peer = min(peers, key=lambda p: (abs(p.wait_ns - statistics.median(q.wait_ns for q in peers)), p.rank)).rank
@@ -441,7 +465,8 @@ def _finding(
         if t < params["min_t"]:
             severity = "info"  # on average it holds them back, but no more steadily than noise does
         hypothesis = (
-            f"{_others(peers).capitalize()} wait for rank {slow.rank}: {_cause_text(cause, slow.rank)}. "
+            (f"{who} arrive last; rank {slow.rank} waits least of them. " if also_late else "")
+            + f"{_others(peers).capitalize()} wait for rank {slow.rank}: {_cause_text(cause, slow.rank)}. "
             f"It waits {duration(slow.wait_ns)} per iteration in collectives, its peers a median "
             f"{duration(slow.wait_ns + held)}; it waited less than the others' median in {consistency.below} of "
             f"{consistency.steps} iterations."
@@ -455,7 +480,8 @@ def _finding(
             else f"it runs its {_work(slower)} {slower['ratio']:.2f}x slower than its peers with the same calls, "
             f"most of all `{cause['name']}` (+{duration(cause['excess_ns'])} per iteration)"
         )
-        title = f"Rank {slow.rank} holds {_others(peers)} back {duration(held)} per iteration ({share:.1%}){collective}: {why}"
+        verb = "hold" if also_late else "holds"
+        title = f"{who} {verb} {_others(peers)} back {duration(held)} per iteration ({share:.1%}){collective}: {why}"
     else:
         severity = "info"
         idle = next((c for c in causes if c["kind"] == "gpu_idle"), None)
@@ -469,14 +495,16 @@ def _finding(
             else ""
         )
         hypothesis = (
-            f"Rank {slow.rank} arrives last: its peers wait a median {duration(slow.wait_ns + held)} per iteration "
+            (f"{who} arrive last; rank {slow.rank} waits least of them. " if also_late else "")
+            + f"Rank {slow.rank} arrives last: its peers wait a median {duration(slow.wait_ns + held)} per iteration "
             f"in collectives, it waits {duration(slow.wait_ns)}. Nothing in its own breakdown accounts for "
             f"{params['explain_share']:.0%} of that (largest: "
             f"{_cause_text(causes[0], slow.rank) if causes and causes[0]['kind'] != 'gpu_idle' else 'none'})."
             + same_work
         )
-        title = (f"Rank {slow.rank} arrives last{collective}: {_others(peers)} wait {duration(held)} "
-                 f"per iteration ({share:.1%}) for it, with no extra work of its own found")  # fmt: skip
+        title = (f"{who} {'arrive' if also_late else 'arrives'} last{collective}: {_others(peers)} wait "
+                 f"{duration(held)} per iteration ({share:.1%}) for {'them' if also_late else 'it'}, with no extra "
+                 f"work of {'their' if also_late else 'its'} own found")  # fmt: skip
     steady = t >= params["min_t"]
     return Finding(
         rule="R001",
@@ -507,11 +535,15 @@ def _finding(
         ),
         extra={
             "world_size": world_size,
-            "ranks": len(peers) + 1,
+            "ranks": total,
+            # the ranks late together with this one (a slow node), measured like it against the others
+            "late_together": sorted(r.rank for r in also_late),
             "iterations": slow.steps,
             "iteration_ns": int(iteration),
             "held_ns": int(held),
-            "wait_ns_by_rank": {str(r.rank): int(r.wait_ns) for r in sorted([slow, *peers], key=lambda r: r.rank)},
+            "wait_ns_by_rank": {
+                str(r.rank): int(r.wait_ns) for r in sorted([slow, *peers, *also_late], key=lambda r: r.rank)
+            },
             "waited_less_than_peers": [int(consistency.below), int(consistency.steps)],
             "held_t": round(t, 2) if t != float("inf") else None,
             "held_sd_ns": int(consistency.held_sd or 0),

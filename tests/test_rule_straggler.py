@@ -200,3 +200,24 @@ def test_every_injected_straggler_is_steady(cell, loaded):
     assert f.extra["held_t"] is None or f.extra["held_t"] >= 2.2
     # the evidence: per iteration, the median of the other ranks' waits minus this rank's
     assert f.severity in ("warning", "critical")
+
+
+def test_ranks_late_together_are_one_group_and_a_lone_or_noisy_one_is_not():
+    """_ranks.late_group: a slow node's ranks (waits split by a wide gap) are one late group; one
+    straggler, noise gaps under the threshold, and more late ranks than waiting ones are not."""
+    from collections import namedtuple
+
+    from tracekit.rules import _ranks
+
+    R = namedtuple("R", "rank wait_ns")
+
+    def group(waits, min_gap=1_000):
+        ranks = [R(i, w) for i, w in enumerate(waits)]
+        slow = min(ranks, key=lambda r: (r.wait_ns, r.rank))
+        return [r.rank for r in _ranks.late_group(slow, [r for r in ranks if r is not slow], min_gap)]
+
+    assert group([0, 10_000, 50, 10_200, 120, 9_900, 30, 10_100]) == [0, 6, 2, 4]  # a slow node: 4 of 8
+    assert group([10_000, 9_800, 0, 10_300, 9_900, 10_100]) == [2]  # one straggler
+    assert group([0, 300, 500, 900, 1_200, 1_400]) == [0]  # gaps of noise, under min_gap
+    assert group([0, 10, 20, 30, 40, 10_000]) == [0]  # five late, one waiting: no group holds the rest back
+    assert group([0, 10_000]) == [0]
