@@ -58,6 +58,9 @@ def test_fold_keeps_the_highest_ranked_and_names_the_other_ranks():
     few = report_of_records(runs[:MANY_RUNS], records, [], {}, max_findings=25)
     assert len(few["findings"]) == len(records) and few["findings_folded"] == 0 and few["same_on_ranks"] == {}
     assert fold([]) == ([], {})
+    # findings located by their rank alone (outlier ranks) are each about their rank
+    outliers = [{**_record("R002", r), "locality": {"run_id": r + 1, "rank": r}} for r in (2, 5)]
+    assert fold(outliers) == (outliers, {})
 
 
 @pytest.fixture(scope="module")

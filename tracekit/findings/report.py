@@ -5,8 +5,8 @@ and id so equal findings keep one order across runs. The report is bounded so an
 whole: at most `max_findings` findings, each already compact; what was cut is counted, not lost.
 
 A report of more than MANY_RUNS runs (a job's ranks) folds the same finding on several ranks (same
-rule, same locality but for the rank's own run, device, thread and clock) into its highest-ranked
-one, and `same_on_ranks` names the others by rank and id: on 64 ranks the 25 findings shown were one
+rule, same locality but for the rank's own run, device, thread and clock; a finding located by its
+rank alone, such as an outlier rank, is never folded) into its highest-ranked one, and `same_on_ranks` names the others by rank and id: on 64 ranks the 25 findings shown were one
 G001 finding 25 times, and the straggler finding was among the 168 cut.
 """
 
@@ -100,7 +100,9 @@ def fold(ranked: list[dict]) -> tuple[list[dict], dict]:
     groups: dict[str, list[dict]] = {}
     for r in ranked:
         where = {k: v for k, v in (r.get("locality") or {}).items() if k not in _RANK_KEYS}
-        groups.setdefault(r["rule"] + json.dumps(where, sort_keys=True, default=str), []).append(r)
+        # a finding located by its rank alone (R002's outlier ranks) is about that rank: never folded
+        key = r["rule"] + json.dumps(where, sort_keys=True, default=str) if where else r["id"]
+        groups.setdefault(key, []).append(r)
     shown = [members[0] for members in groups.values()]  # in rank order: a group is keyed at its first
     same = {}
     for members in groups.values():
