@@ -261,7 +261,7 @@ def large_section(large, args) -> list[str]:
         "",
         "### Memory on large ranks",
         "",
-        f"{d['world_size']} ranks, each a copy of `{os.path.basename(d['source'])}` (a real single-GPU trace) "
+        f"{d['world_size']} ranks, each a copy of `{os.path.basename(d['sources'][0])}` (a real single-GPU trace) "
         f"re-labelled as `make_rank_set.build_copies` does, {d['largest_raw_json_bytes'] / 1e6:.0f} MB of JSON "
         "each: larger than a chunk's cap of inflated trace (`plan.CHUNK_BYTES`), so the default plan gives "
         f"each rank a chunk of its own. `--chunk-size {large['count']}` is what the count alone gave for "

@@ -240,7 +240,11 @@ def _source(cell: str, rank: int) -> dict:
 
 def _write(row) -> tuple[int, int, int]:
     k, cell, rank, offset_us = row
-    trace = relabel(_source(cell, rank), k, _CONFIG["n"], offset_us, _CONFIG["seed"])
+    return _write_rank(relabel(_source(cell, rank), k, _CONFIG["n"], offset_us, _CONFIG["seed"]), k)
+
+
+def _write_rank(trace: dict, k: int) -> tuple[int, int, int]:
+    """rank<k>.json.gz in the set's folder: (k, JSON bytes, gzip bytes)."""
     # ": " after keys (HTA's rank regex wants a space), no space after commas
     text = json.dumps(trace, separators=(",", ": ")).encode()
     path = os.path.join(_CONFIG["out"], f"rank{k}.json.gz")
@@ -248,6 +252,35 @@ def _write(row) -> tuple[int, int, int]:
         f.write(text)
     os.replace(path + ".tmp", path)
     return k, len(text), os.path.getsize(path)
+
+
+def _previous(out: str, wanted: dict, n: int) -> dict | None:
+    """The description of the set already at `out` when it was built with `wanted` and is whole."""
+    mpath = manifest_path(out)
+    if not os.path.exists(mpath):
+        return None
+    with open(mpath) as f:
+        previous = json.load(f)
+    whole = all(os.path.exists(os.path.join(out, f"rank{k}.json.gz")) for k in range(n))
+    return previous if whole and {k: previous.get(k) for k in wanted} == wanted else None
+
+
+def _clear(out: str) -> None:
+    """An empty set folder: a smaller set must not leave the ranks of a bigger one behind."""
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        if re.fullmatch(r"rank\d+\.json\.gz(\.tmp)?", name):
+            os.remove(os.path.join(out, name))
+    if os.path.exists(manifest_path(out)):
+        os.remove(manifest_path(out))
+
+
+def _save(out: str, description: dict) -> dict:
+    mpath = manifest_path(out)
+    with open(mpath + ".tmp", "w") as f:
+        json.dump(description, f, indent=1)
+    os.replace(mpath + ".tmp", mpath)
+    return description
 
 
 def build(
@@ -298,22 +331,12 @@ def build(
         "seed": seed,
         "max_offset_ms": max_offset_ms,
     }
-    mpath = manifest_path(out)
-    if not force and os.path.exists(mpath):
-        with open(mpath) as f:
-            previous = json.load(f)
-        if {k: previous.get(k) for k in wanted} == wanted and all(
-            os.path.exists(os.path.join(out, f"rank{k}.json.gz")) for k in range(n)
-        ):
-            return previous
+    previous = None if force else _previous(out, wanted, n)
+    if previous is not None:
+        return previous
 
     rows = plan(n, base, slow, slow_rank, seed, max_offset_ms)
-    os.makedirs(out, exist_ok=True)
-    for name in os.listdir(out):  # a smaller set must not leave the ranks of a bigger one behind
-        if re.fullmatch(r"rank\d+\.json\.gz(\.tmp)?", name):
-            os.remove(os.path.join(out, name))
-    if os.path.exists(mpath):
-        os.remove(mpath)
+    _clear(out)
 
     # the sources must agree on their collectives, or the copies will not match across ranks
     config = {"matrix": matrix, "steps": steps, "n": n, "seed": seed, "out": out}
@@ -363,10 +386,7 @@ def build(
             else ""
         ),
     }
-    with open(mpath + ".tmp", "w") as f:
-        json.dump(description, f, indent=1)
-    os.replace(mpath + ".tmp", mpath)
-    return description
+    return _save(out, description)
 
 
 def _write_copy(row) -> tuple[int, int, int]:
@@ -375,13 +395,7 @@ def _write_copy(row) -> tuple[int, int, int]:
     if source not in _SOURCES:
         with (gzip.open if source.endswith(".gz") else open)(source, "rb") as f:
             _SOURCES[source] = json.load(f)
-    trace = relabel(_SOURCES[source], k, _CONFIG["n"], offset_us, _CONFIG["seed"])
-    text = json.dumps(trace, separators=(",", ": ")).encode()
-    path = os.path.join(_CONFIG["out"], f"rank{k}.json.gz")
-    with open(path + ".tmp", "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1, mtime=0) as f:
-        f.write(text)
-    os.replace(path + ".tmp", path)
-    return k, len(text), os.path.getsize(path)
+    return _write_rank(relabel(_SOURCES[source], k, _CONFIG["n"], offset_us, _CONFIG["seed"]), k)
 
 
 def build_copies(sources, n: int, out: str, seed: int = 0, max_offset_ms: float = 50.0, jobs: int = 2) -> dict:
@@ -391,25 +405,15 @@ def build_copies(sources, n: int, out: str, seed: int = 0, max_offset_ms: float 
     `build`'s rank matrix gives CPU ranks of about 1 MB. Reused when its description matches."""
     sources = [sources] if isinstance(sources, str) else list(sources)
     out = os.path.abspath(out)
-    wanted = {"format": FORMAT, "world_size": n, "source": os.path.abspath(sources[0]),
-              "sources": [os.path.abspath(s) for s in sources], "seed": seed,
+    wanted = {"format": FORMAT, "world_size": n, "sources": [os.path.abspath(s) for s in sources], "seed": seed,
               "max_offset_ms": max_offset_ms}  # fmt: skip
-    mpath = manifest_path(out)
-    if os.path.exists(mpath):
-        with open(mpath) as f:
-            previous = json.load(f)
-        if {k: previous.get(k) for k in wanted} == wanted and all(
-            os.path.exists(os.path.join(out, f"rank{k}.json.gz")) for k in range(n)
-        ):
-            return previous
-        os.remove(mpath)
-    os.makedirs(out, exist_ok=True)
-    for name in os.listdir(out):
-        if re.fullmatch(r"rank\d+\.json\.gz(\.tmp)?", name):
-            os.remove(os.path.join(out, name))
+    previous = _previous(out, wanted, n)
+    if previous is not None:
+        return previous
+    _clear(out)
     rng = random.Random(seed)
     rows = [(k, round(rng.uniform(-max_offset_ms, max_offset_ms) * 1000.0, 3)) for k in range(n)]
-    config = {"sources": [os.path.abspath(s) for s in sources], "n": n, "seed": seed, "out": out}
+    config = {"sources": wanted["sources"], "n": n, "seed": seed, "out": out}
     _init(config)
     t0 = time.perf_counter()
     sizes = [None] * n
@@ -420,10 +424,7 @@ def build_copies(sources, n: int, out: str, seed: int = 0, max_offset_ms: float 
                    "raw_json_bytes": [s[0] for s in sizes], "gz_bytes": [s[1] for s in sizes],
                    "largest_raw_json_bytes": max(s[0] for s in sizes),
                    "build_seconds": round(time.perf_counter() - t0, 2)}  # fmt: skip
-    with open(mpath + ".tmp", "w") as f:
-        json.dump(description, f, indent=1)
-    os.replace(mpath + ".tmp", mpath)
-    return description
+    return _save(out, description)
 
 
 def main(argv=None) -> None:
