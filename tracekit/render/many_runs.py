@@ -33,7 +33,8 @@ def rank_ranges(ranks) -> str:
     return ", ".join(parts) or "-"
 
 
-def _span(low, high, show=str) -> str:
+def span(low, high, show=str) -> str:
+    """`low`, or `low-high` where they differ, each shown by `show`."""
     return show(low) if low == high else f"{show(low)}-{show(high)}"
 
 
@@ -50,9 +51,9 @@ def run_groups(runs: list[dict]) -> tuple[list[str], list[tuple]]:
             len(members),
             rank_ranges(m["rank"] for m in members),
             device,
-            _span(min(events), max(events)),
+            span(min(events), max(events)),
             sum(m["events_skipped"] for m in members),
-            _span(min(windows), max(windows), duration),
+            span(min(windows), max(windows), duration),
         ))  # fmt: skip
     return ["runs", "ranks", "device", "events", "skipped", "window"], rows
 
@@ -72,7 +73,7 @@ def kernel_totals(summary_runs: list[dict], top: int = 5) -> tuple[int, list[tup
         count, total = sum(k["count"] for k in ks), sum(k["total_ns"] for k in ks)
         per_run = [k["total_ns"] for k in ks]
         rows.append((name, len(ks), count, total, total // count if count else 0,
-                     _span(min(per_run), max(per_run), duration)))  # fmt: skip
+                     span(min(per_run), max(per_run), duration)))  # fmt: skip
     rows.sort(key=lambda r: (-r[3], r[0]))
     return listed, rows[:top]
 

@@ -57,10 +57,8 @@ def render(report: dict, fmt: str, out=None) -> None:
 
 def _also(same: dict) -> str:
     """`the same on 31 more ranks (of ranks 0-31); impact 46.1 ms-46.7 ms`."""
-    low, high = same["impact_ns"]
-    impact = duration(low) if low == high else f"{duration(low)}-{duration(high)}"
     return (f"the same on {len(same['ids'])} more ranks (of ranks {many_runs.rank_ranges(same['ranks'])}); "
-            f"impact {impact}")  # fmt: skip
+            f"impact {many_runs.span(*same['impact_ns'], duration)}")  # fmt: skip
 
 
 def to_markdown(report: dict) -> str:
