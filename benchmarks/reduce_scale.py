@@ -48,7 +48,7 @@ def map_summaries(folder: str) -> list:
         ingested = backend.ingest(chunks)
         numbering = reduce.number(ingested)
         jobs = [(i, numbering.remaps[i.chunk.index], numbering.event_bases[i.chunk.index]) for i in ingested]
-        return backend.analyze(jobs, numbering.collectives, None, None, True)
+        return backend.analyze(jobs, numbering.peers, None, None, True)
 
 
 def replicate(slow: list, healthy: list, ranks: int, base: int) -> list:

@@ -46,40 +46,40 @@ EVIDENCE_SQL = (
     "FROM (" + PER_KERNEL_SQL + ") per_kernel"
 )
 
-# The communication kernels of the job's ranks (`job_collectives`: this database's ranks and, in a
-# cluster worker, the peers' calls it was sent), numbered per process group in seq order: the n-th
-# kernel of a group on one rank is the n-th on every other rank.
-NUMBERED_SQL = """
-SELECT run_id, rank, process_group AS pg, device, event_id, start_ns AS ts_ns, end_ns, dur_ns,
-       row_number() OVER (PARTITION BY run_id, process_group ORDER BY seq) AS n
-FROM job_collectives WHERE on_device AND list_contains($run_ids, run_id)
-"""
-
-# Each kernel of this database's runs against the same collective on the other ranks: a peer
-# starting later means this rank waits. Per collective (process group, position) the two latest
-# starts and the two earliest ends over the ranks are kept, so a rank's latest peer and earliest
-# peer end come without pairing it with every other rank: the self-join this replaces made ranks x
-# ranks rows per collective (4096 ranks of 2000 collectives: 33 billion). Ties go to the higher run.
-CROSS_RANK_SQL = f"""
-WITH c AS ({NUMBERED_SQL}), g AS (
-    SELECT pg, n, arg_max({{'run_id': run_id, 'rank': rank, 'ts_ns': ts_ns}}, (ts_ns, run_id), 2) AS starts,
-           arg_min({{'run_id': run_id, 'end_ns': end_ns}}, (end_ns, run_id), 2) AS ends
-    FROM c GROUP BY pg, n HAVING count(*) > 1
+# Each communication kernel of this database's runs against the same collective on the job's other
+# ranks (`collective_extremes`: the call's two latest starts and two earliest ends over the ranks,
+# so a rank's latest peer and earliest peer end come without pairing it with every other rank; in a
+# cluster worker, over every rank of the job, from what it was sent). A peer starting later means
+# this rank waits. The n-th kernel of a process group on one rank is the n-th on every other rank.
+CROSS_RANK_SQL = """
+WITH own AS (
+    SELECT run_id, rank, world_size, process_group, event_id, start_ns AS ts_ns, end_ns, dur_ns,
+           row_number() OVER (PARTITION BY run_id, process_group ORDER BY seq) AS n
+    FROM job_collectives
+    WHERE on_device AND list_contains($run_ids, run_id) AND list_contains($own_run_ids, run_id)
 ), peers AS (
     SELECT a.run_id, a.event_id, a.ts_ns, a.end_ns, a.dur_ns,
-           CASE WHEN g.starts[1].run_id = a.run_id THEN g.starts[2] ELSE g.starts[1] END AS latest,
-           CASE WHEN g.ends[1].run_id = a.run_id THEN g.ends[2] ELSE g.ends[1] END AS earliest
-    FROM c a JOIN g ON a.pg = g.pg AND a.n = g.n
-    WHERE list_contains($own_run_ids, a.run_id)
+           CASE WHEN e.latest_starts[1].rank = a.rank THEN e.latest_starts[2] ELSE e.latest_starts[1] END AS latest,
+           CASE WHEN e.earliest_ends[1].rank = a.rank THEN e.earliest_ends[2] ELSE e.earliest_ends[1] END AS earliest
+    FROM own a JOIN collective_extremes e
+      ON e.world_size = a.world_size AND e.process_group = a.process_group AND e.n = a.n
+    WHERE len(e.latest_starts) > 1
 )
-SELECT run_id, event_id, ts_ns, dur_ns, latest.ts_ns - ts_ns AS latest_peer_start_skew_ns,
+SELECT run_id, event_id, ts_ns, dur_ns, latest.start_ns - ts_ns AS latest_peer_start_skew_ns,
        latest.rank AS latest_peer_rank,
-       greatest(latest.ts_ns, ts_ns) <= least(earliest.end_ns, end_ns) AS overlaps_peers
+       greatest(latest.start_ns, ts_ns) <= least(earliest.end_ns, end_ns) AS overlaps_peers
 FROM peers
 """
 
-# The job's ranked runs with communication kernels: (run, rank, world size), this database's and the peers'.
-MEMBERS_SQL = "SELECT DISTINCT run_id, rank, world_size FROM job_collectives WHERE on_device ORDER BY run_id"
+# The job's ranked runs with communication kernels: (run, rank, world size), this database's and,
+# in a cluster worker, every other rank's.
+MEMBERS_SQL = "SELECT DISTINCT run_id, rank, world_size FROM collective_counts ORDER BY run_id"
+
+# Per run of one job and process group: its communication kernels and the devices they ran on.
+COUNTS_SQL = """
+SELECT run_id, process_group AS pg, calls AS kernels, devices FROM collective_counts
+WHERE list_contains($run_ids, run_id)
+"""
 
 # The launch call and the host events around it on its thread (cpu ops and annotations that contain
 # it), innermost first: e.g. cudaLaunchKernel < nccl:all_reduce < record_param_comms <
@@ -130,7 +130,8 @@ class CrossRank:
 
 def cross_rank(con, ctx) -> dict[int, CrossRank]:
     """Per run of this database: wait-for-peer time per comm kernel, from collectives matched across
-    the job's ranks (`job_collectives`, so a cluster worker matches against peers it does not hold).
+    the job's ranks (`collective_counts` and `collective_extremes`, which in a cluster worker are of
+    every rank of the job, from what it was sent).
 
     Runs are one job when they share world_size and have distinct ranks; matching needs the same number
     of comm kernels per process group on every rank and clocks that make matched kernels overlap.
@@ -138,9 +139,9 @@ def cross_rank(con, ctx) -> dict[int, CrossRank]:
     own = {r.run_id for r in ctx.runs}
     ranked = con.execute(
         "SELECT (SELECT count(*) FROM runs WHERE rank IS NOT NULL AND world_size > 1) + (SELECT count(*) FROM "
-        "(SELECT 1 FROM peer_collectives LIMIT 1))"
+        "(SELECT 1 FROM peer_collectives LIMIT 1)) + (SELECT count(*) FROM (SELECT 1 FROM peer_collective_counts LIMIT 1))"
     ).fetchone()[0]
-    if ranked < 2:  # one rank and no peers sent: nothing to match (and `job_collectives` is not cheap)
+    if ranked < 2:  # one rank and no peers: nothing to match (and `job_collectives` is not cheap)
         return {}
     jobs: dict[int, list] = {}
     for m in rows(con, MEMBERS_SQL):
@@ -152,11 +153,7 @@ def cross_rank(con, ctx) -> dict[int, CrossRank]:
         if len(members) < 2 or len(set(ranks)) != len(ranks) or not own & {m.run_id for m in members}:
             continue
         ids = [m.run_id for m in members]
-        counts = rows(
-            con,
-            f"SELECT run_id, pg, count(*) AS kernels, count(DISTINCT device) AS devices FROM ({NUMBERED_SQL}) GROUP BY ALL",
-            {"run_ids": ids},
-        )
+        counts = rows(con, COUNTS_SQL, {"run_ids": ids})
         per_pg: dict[str, list] = {}
         for c in counts:
             per_pg.setdefault(c.pg, []).append(c)

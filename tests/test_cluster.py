@@ -88,7 +88,7 @@ def test_slow_compute_same_findings_and_notes_in_process_and_on_dask(job_rules, 
     assert on_dask.cluster["reduce_seconds"] > 0
 
 
-def test_tp2_pair_one_rank_per_chunk_matches_through_peer_collectives(scheduler):
+def test_tp2_pair_one_rank_per_chunk_matches_through_the_chunks_extremes(scheduler):
     from tracekit.render.report import REPORT_FORMATS
 
     records, notes = single(TP2)
@@ -169,7 +169,7 @@ def test_the_reducer_holds_only_summaries(job_rules, monkeypatch):
     chunks = plan(GLOO, chunk_size=1)
     ingested = [work.ingest_chunk(c) for c in chunks]
     numbering = reduce.number(ingested)
-    analyzed = [work.analyze_chunk(i, numbering.collectives, numbering.remaps[i.chunk.index],
+    analyzed = [work.analyze_chunk(i, numbering.peers, numbering.remaps[i.chunk.index],
                                    numbering.event_bases[i.chunk.index]) for i in ingested]  # fmt: skip
     assert not any(Path(i.db_path).exists() for i in ingested)  # the chunk databases are gone
     trace = reduce.job_database(analyzed)
@@ -233,7 +233,7 @@ def test_a_worker_that_dies_between_the_phases_leaves_its_chunks_out(scheduler):
             backend.client.run(os._exit, 1, workers=[victim])
         n = reduce.number(ingested)
         jobs = [(i, n.remaps[i.chunk.index], n.event_bases[i.chunk.index]) for i in ingested]
-        outcomes = backend.analyze(jobs, n.collectives, None, None)
+        outcomes = backend.analyze(jobs, n.peers, None, None)
     for item, outcome in zip(ingested, outcomes):
         if item.worker == victim:
             assert isinstance(outcome, str) and victim in outcome and "gone" in outcome

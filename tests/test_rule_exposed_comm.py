@@ -249,32 +249,46 @@ def test_exposed_comm_on_a_host_bound_gpu_is_held_at_info(loaded):
     assert g.severity == "warning" and "idle_to_exposed" not in g.extra
 
 
-def test_each_kernel_is_matched_with_its_latest_peer_as_by_pairing_every_rank():
-    """CROSS_RANK_SQL keeps each collective's two latest starts and two earliest ends instead of
-    pairing every rank with every other: per kernel, the latest peer start, that peer's rank and
-    whether the kernel overlaps its peers are those of the pairwise definition, including where the
-    kernel itself is the latest to start or the earliest to end."""
+def _collective_spans() -> dict:
+    """(run, n) -> (start, end) of 40 allreduce kernels on each of 5 ranks (rank = run - 1), with
+    rank n % 7 arriving after the others left."""
     import random
 
+    rng = random.Random(7)
+    spans = {}
+    for run in range(1, 6):
+        for n in range(1, 41):
+            start = n * 10_000 + rng.randrange(0, 3_000)
+            end = n * 10_000 + 4_000 + rng.randrange(0, 3_000)
+            if n % 7 == run:  # a rank that arrives after the others left: no overlap
+                start, end = n * 10_000 + 8_000, n * 10_000 + 9_000
+            spans[run, n] = (start, end)
+    return spans
+
+
+def _add_calls(con, spans: dict, runs) -> None:
+    """The runs' calls of `spans` as other ranks' calls (`peer_collectives`)."""
+    for (run, n), (start, end) in sorted(spans.items()):
+        if run in runs:
+            con.execute(
+                "INSERT INTO peer_collectives (run_id, rank, world_size, process_group, seq, collective, event_id,"
+                " on_device, device, start_ns, end_ns, dur_ns) VALUES (?, ?, 5, '0', ?, 'allreduce', ?, true, 0,"
+                " ?, ?, ?)",
+                [run, run - 1, n, run * 1000 + n, start, end, end - start],
+            )
+
+
+def test_each_kernel_is_matched_with_its_latest_peer_as_by_pairing_every_rank():
+    """CROSS_RANK_SQL reads each collective's two latest starts and two earliest ends
+    (`collective_extremes`) instead of pairing every rank with every other: per kernel, the latest
+    peer start, that peer's rank and whether the kernel overlaps its peers are those of the pairwise
+    definition, including where the kernel itself is the latest to start or the earliest to end."""
     from tracekit.rules import _collectives
 
-    rng = random.Random(7)
-    spans = {}  # (run, n) -> (start, end)
+    spans = _collective_spans()
     with tracekit.open() as trace:
         con = trace.connection
-        for run in range(1, 6):
-            for n in range(1, 41):
-                start = n * 10_000 + rng.randrange(0, 3_000)
-                end = n * 10_000 + 4_000 + rng.randrange(0, 3_000)
-                if n % 7 == run:  # a rank that arrives after the others left: no overlap
-                    start, end = n * 10_000 + 8_000, n * 10_000 + 9_000
-                spans[run, n] = (start, end)
-                con.execute(
-                    "INSERT INTO peer_collectives (run_id, rank, world_size, process_group, seq, collective, event_id,"
-                    " on_device, device, start_ns, end_ns, dur_ns) VALUES (?, ?, 5, '0', ?, 'allreduce', ?, true, 0,"
-                    " ?, ?, ?)",
-                    [run, run - 1, n, run * 1000 + n, start, end, end - start],
-                )
+        _add_calls(con, spans, range(1, 6))
         runs = list(range(1, 6))
         got = {
             (r.run_id, r.event_id): (r.latest_peer_start_skew_ns, r.latest_peer_rank, r.overlaps_peers)
@@ -285,7 +299,8 @@ def test_each_kernel_is_matched_with_its_latest_peer_as_by_pairing_every_rank():
         for n in range(1, 41):
             start, end = spans[run, n]
             peers = [(spans[p, n], p) for p in runs if p != run]
-            latest_start, latest_run = max((s, p) for (s, _), p in peers)  # ties: the higher run
+            # ties: the higher run, which is the higher rank
+            latest_start, latest_run = max((s, p) for (s, _), p in peers)
             first_end = min(e for (_, e), _ in peers)
             expected[run, run * 1000 + n] = (
                 latest_start - start,
@@ -296,3 +311,47 @@ def test_each_kernel_is_matched_with_its_latest_peer_as_by_pairing_every_rank():
     # the cases the two-deep lists are for occur: a kernel that starts last, one that ends first
     assert any(skew < 0 for skew, _, _ in got.values())
     assert any(not overlaps for _, _, overlaps in got.values())
+
+
+def test_a_worker_combines_the_chunks_extremes_into_the_jobs():
+    """A cluster worker is sent each chunk's `collective_extremes` rows over its own ranks
+    (`peer_collective_extremes`: chunks x collectives rows, not ranks x collectives) and every run's
+    `collective_counts`; the views then give what one database of every rank gives, and a rank given
+    twice (a copy in a later chunk, which the cluster run drops) is one entry in the lists."""
+    spans = _collective_spans()
+
+    def views(con):
+        return (con.execute("SELECT * FROM collective_extremes ORDER BY ALL").fetchall(),
+                con.execute("SELECT * FROM collective_counts ORDER BY ALL").fetchall())  # fmt: skip
+
+    with tracekit.open() as whole:
+        extremes, counts = views(whole.connection)
+        assert extremes == [] and counts == []
+        _add_calls(whole.connection, spans, range(1, 6))
+        extremes, counts = views(whole.connection)
+    assert len(extremes) == 40 and {e[3] for e in extremes} == {5} and len(counts) == 5
+
+    def sent(chunks):
+        parts, all_counts = [], []
+        for runs in chunks:
+            with tracekit.open() as chunk:
+                _add_calls(chunk.connection, spans, runs)
+                part, part_counts = views(chunk.connection)
+                assert len(part) == 40 and {e[3] for e in part} == {len(runs)}
+                parts += part
+                all_counts += part_counts
+        return parts, all_counts
+
+    for chunks in (((1, 2), (3, 4, 5)), ((1,), (2,), (3,), (4,), (5,)), ((1, 2), (3, 4, 5), (2,))):
+        parts, part_counts = sent(chunks)
+        with tracekit.open() as worker:
+            con = worker.connection
+            _add_calls(con, spans, chunks[0])  # the worker's own ranks: the views read what it was sent instead
+            con.executemany("INSERT INTO peer_collective_extremes VALUES (?, ?, ?, ?, ?, ?)", parts)
+            con.executemany("INSERT INTO peer_collective_counts VALUES (?, ?, ?, ?, ?, ?)",
+                            list(dict.fromkeys(part_counts)))  # the dropped copy's counts are not sent  # fmt: skip
+            got, got_counts = views(con)
+        copies = sum(len(c) for c in chunks) - 5
+        assert [e[:3] + e[4:] for e in got] == [e[:3] + e[4:] for e in extremes]
+        assert {e[3] for e in got} == {5 + copies}  # `ranks` counts the copy: its doc says so
+        assert got_counts == counts

@@ -46,11 +46,11 @@ class InProcessBackend:
             _report(self.progress, "ingested", len(out), len(chunks))
         return out
 
-    def analyze(self, jobs, collectives, rules, params, summaries=True) -> list:
+    def analyze(self, jobs, peers, rules, params, summaries=True) -> list:
         out = []
         for ingested, remap, base in jobs:
             try:
-                out.append(work.analyze_chunk(ingested, collectives, remap, base, rules, params, summaries))
+                out.append(work.analyze_chunk(ingested, peers, remap, base, rules, params, summaries))
             except Exception as e:
                 out.append(crash_line(e))
             _report(self.progress, "analysed", len(out), len(jobs))
@@ -138,8 +138,8 @@ class DaskBackend:
         futures = [self.client.submit(_on_worker, work.ingest_chunk, chunk, pure=False, **options) for chunk in chunks]
         return self._gather(futures, [None] * len(futures), "ingested")
 
-    def analyze(self, jobs, collectives, rules, params, summaries=True) -> list:
-        shared = self._share(collectives) if collectives is not None else None
+    def analyze(self, jobs, peers, rules, params, summaries=True) -> list:
+        shared = self._share(peers) if peers is not None else None
         futures, pinned = [], []
         for ingested, remap, base in jobs:
             futures.append(self.client.submit(
@@ -149,18 +149,18 @@ class DaskBackend:
             pinned.append(ingested.worker)
         return self._gather(futures, pinned, "analysed")
 
-    def _share(self, collectives):
-        """The peers' collectives, sent to every worker once; when a worker has just died (the
+    def _share(self, peers):
+        """The chunks' collective counts and extremes, sent to every worker once; when a worker has just died (the
         scheduler still lists it, so the broadcast to it fails), again after a moment, and at last
         with each task instead, so one lost worker does not end the job."""
         import time
 
         for attempt in range(3):
             try:
-                return self.client.scatter(collectives, broadcast=True)
+                return self.client.scatter(peers, broadcast=True)
             except OSError:  # distributed's CommClosedError and StreamClosedError are OSErrors
                 time.sleep(self.poll_seconds * (attempt + 1))
-        return collectives
+        return peers
 
     def _gather(self, futures, pinned, phase: str) -> list:
         """Each task's result, or its error; a task pinned to a worker that left is given up."""

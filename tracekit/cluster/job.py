@@ -1,8 +1,8 @@
 """`tracekit.analyze_job`: the map/reduce over a job's ranks, from the inputs to one report.
 
-plan -> map 1 (ingest each chunk where it runs) -> reduce 1 (one numbering, the collectives of
-every rank) -> map 2 (per-rank rules, next to the events) -> reduce 2 (cross-rank rules over the
-summaries, one ranking). The findings and notes are those of one database of every input
+plan -> map 1 (ingest each chunk where it runs) -> reduce 1 (one numbering; every chunk's collective
+counts and extremes) -> map 2 (per-rank rules, next to the events) -> reduce 2 (cross-rank rules
+over the summaries, one ranking). The findings and notes are those of one database of every input
 (`tracekit.open(*inputs).analysis()`), in the same order; what crossed between workers is only the
 summaries. An input that cannot be read, or a worker that dies, leaves its ranks out: they are
 named in `missing` and in a note, and the job finishes with the others.
@@ -90,7 +90,7 @@ def analyze_job(
         numbering = reduce.number(good)
         jobs = [(i, numbering.remaps[i.chunk.index], numbering.event_bases[i.chunk.index]) for i in good]
         summaries = reduce.runs_job_rules(rules)
-        outcomes = backend.analyze(jobs, numbering.collectives, rules, params, summaries) if jobs else []
+        outcomes = backend.analyze(jobs, numbering.peers, rules, params, summaries) if jobs else []
         worker_count = backend.workers
         backend_name = backend.name
     analyzed: list[Analyzed] = []

@@ -2,7 +2,8 @@
 
 Reduce 1 (`number`) puts the chunks' runs on one numbering, the one a database of every input
 would give (runs 1, 2, ... in input order), and the chunks' events on one event-id space; it
-concatenates every chunk's `rank_collectives` with those ids: what each chunk is sent as its peers.
+concatenates every chunk's collective counts (with those run ids) and extremes: what each chunk is
+sent of the job's ranks (`work.Peers`).
 
 Reduce 2 (`job_analysis`, `merge`) builds the reducer database: tracekit's schema with the views
 `rank_collectives`, `rank_steps`, `rank_op_times`, `rank_op_inputs` and `cluster_step_components`
@@ -17,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracekit.cluster.work import SUMMARIES, Analyzed, EventShift, Ingested
+from tracekit.cluster.work import SUMMARIES, Analyzed, EventShift, Ingested, Peers
 
 # Tables the reducer keeps (besides the summaries it creates): the runs, what the analysis writes,
 # and what the views over the summaries read.
-KEPT_TABLES = ("runs", "findings", "ingest_pending", "peer_collectives", "tracekit_meta")
+KEPT_TABLES = ("runs", "findings", "ingest_pending", "peer_collectives", "peer_collective_counts", "tracekit_meta")
 
 
 @dataclass
@@ -30,7 +31,7 @@ class Numbering:
 
     remaps: dict[int, dict[int, int | None]]  # None: the run is dropped (a trace an earlier input holds)
     event_bases: dict[int, EventShift]
-    collectives: object  # pyarrow.Table: every chunk's rank_collectives rows, job-wide ids
+    peers: Peers | None  # every chunk's collective counts (job-wide run ids) and extremes
     duplicates: list[str]  # the inputs dropped as copies of earlier ones
 
 
@@ -38,7 +39,7 @@ def number(ingested: list[Ingested]) -> Numbering:
     """Reduce 1 over the chunks that were ingested (in chunk order)."""
     import pyarrow as pa
 
-    remaps, bases, tables, seen, duplicates = {}, {}, [], {}, []
+    remaps, bases, counts, extremes, seen, duplicates = {}, {}, [], [], {}, []
     next_run, events = 1, 0
     for item in sorted(ingested, key=lambda i: i.chunk.index):
         remap: dict[int, int | None] = {}
@@ -55,10 +56,11 @@ def number(ingested: list[Ingested]) -> Numbering:
             next_run += 1
         shift = EventShift(events, tuple(sorted(gaps)))
         remaps[item.chunk.index], bases[item.chunk.index] = remap, shift
-        tables.append(_renumbered(item.collectives, remap, shift))
+        counts.append(_renumbered(item.peers.counts, remap, shift))
+        extremes.append(item.peers.extremes)
         events += item.events - sum(n for _, n in gaps)
-    collectives = pa.concat_tables(tables) if tables else None
-    return Numbering(remaps, bases, collectives, duplicates)
+    peers = Peers(pa.concat_tables(counts), pa.concat_tables(extremes)) if counts else None
+    return Numbering(remaps, bases, peers, duplicates)
 
 
 def _renumbered(table, remap: dict[int, int | None], shift: EventShift):
@@ -75,7 +77,7 @@ def _renumbered(table, remap: dict[int, int | None], shift: EventShift):
     runs = [remap.get(r, r) for r in table.column("run_id").to_pylist()]
     run_field = table.schema.field("run_id")
     table = table.set_column(table.schema.get_field_index("run_id"), run_field, pa.array(runs, run_field.type))
-    if shift != EventShift():
+    if shift != EventShift() and "event_id" in table.column_names:
         i = table.schema.get_field_index("event_id")
         shifted = [None if e is None else shift(e) for e in table.column(i).to_pylist()]
         table = table.set_column(i, table.schema.field(i), pa.array(shifted, table.schema.field(i).type))

@@ -2,9 +2,12 @@
 process or ships them to Dask workers, and they know nothing of either.
 
 Phase 1 (`ingest_chunk`) ingests a chunk's rank files into a database file of its own in the
-worker's temporary folder and sends back only the chunk's `runs` and `rank_collectives` rows.
-Phase 2 (`analyze_chunk`), on the same worker, reopens that database, adds every other chunk's
-collectives as `peer_collectives`, runs the per-rank ("run" scope) rules through the Python API,
+worker's temporary folder and sends back only the chunk's `runs` rows and two small tables of its
+collective calls: `collective_counts` (per run and process group) and `collective_extremes` (per
+collective, its latest starts and earliest ends over the chunk's ranks). Phase 2 (`analyze_chunk`),
+on the same worker, reopens that database, adds every chunk's two tables as `peer_collective_counts`
+and `peer_collective_extremes` (so C001 matches each rank against the whole job, from rows that
+grow with the chunks, not the ranks), runs the per-rank ("run" scope) rules through the Python API,
 exactly as `Trace.analysis` does, and sends back finding records, notes and the per-rank summary
 tables; then the database is deleted. Events never leave the worker.
 
@@ -54,13 +57,24 @@ class EventShift:
 
 
 @dataclass
+class Peers:
+    """What a chunk tells the others of its ranks' collective calls: rows of `collective_counts` and
+    of `collective_extremes` (tracekit/db/views/72_ranks.sql), pyarrow Tables. Per chunk these are
+    its own; what phase 2 is sent is every chunk's, concatenated. They grow with the runs and with
+    the chunks times the collectives, never with the ranks times the collectives."""
+
+    counts: object
+    extremes: object
+
+
+@dataclass
 class Ingested:
     """What phase 1 sends back: small rows only, and where the chunk's database stays."""
 
     chunk: Chunk
     db_path: str
     runs: object  # pyarrow.Table of the chunk's `runs` rows
-    collectives: object  # pyarrow.Table of its `rank_collectives` rows (local event ids)
+    peers: Peers  # its collective counts and extremes, what the other chunks are sent of it
     events: int  # rows of its `event_rows`: how far the next chunk's event ids are shifted
     failed: list[dict] = field(default_factory=list)  # {"path", "error"} per input that could not be read
     # run id -> (content digest, source) of its trace: a trace given twice is analysed once
@@ -133,7 +147,14 @@ def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), fol
         order = {p: i for i, p in enumerate(chunk.paths)}
         failed.sort(key=lambda f: order.get(f["path"], len(order)))  # in input order, as one add per file gave
         runs = table(con, "SELECT * FROM runs ORDER BY run_id")
-        collectives = table(con, "SELECT * FROM rank_collectives ORDER BY run_id, process_group, seq, event_id")
+        # both views read `rank_collectives`: computed once, into a temporary table of that name,
+        # which DuckDB resolves before the view (on this connection only, so read on it)
+        con.execute("CREATE TEMP TABLE rank_collectives AS SELECT * FROM main.rank_collectives")
+        peers = Peers(
+            counts=arrow(con.sql("SELECT * FROM collective_counts ORDER BY run_id, process_group")),
+            extremes=arrow(con.sql("SELECT * FROM collective_extremes ORDER BY world_size, process_group, n")),
+        )
+        con.execute("DROP TABLE temp.rank_collectives")
         events = con.execute("SELECT count(*) FROM event_rows").fetchone()[0]
         run_events = {
             r: (int(first), int(n))
@@ -154,22 +175,22 @@ def ingest_chunk(chunk: Chunk, rank: int | None = None, metrics: tuple = (), fol
         remove_database(path)
         raise
     trace.close()
-    return Ingested(chunk, str(path), runs, collectives, int(events), failed, digests, duplicates, run_events,
+    return Ingested(chunk, str(path), runs, peers, int(events), failed, digests, duplicates, run_events,
                     socket.gethostname(), os.getpid(), peak_rss_mb=peak_rss_mb(),
                     seconds=time.perf_counter() - started)  # fmt: skip
 
 
 def analyze_chunk(
     ingested: Ingested,
-    collectives,
+    peers: Peers | None,
     remap: dict[int, int],
     event_base: EventShift | int,
     rules=None,
     params=None,
     summaries: bool = True,
 ) -> Analyzed:
-    """Phase 2: on the worker that holds the chunk's database. `collectives`: every chunk's
-    `rank_collectives` rows with job-wide ids (this chunk's own rows are left out here); `remap`:
+    """Phase 2: on the worker that holds the chunk's database. `peers`: every chunk's collective
+    counts (job-wide run ids) and extremes, this chunk's own included (`reduce.number`); `remap`:
     the chunk's run ids as ingested -> job-wide ones; `event_base`: its event ids -> job-wide
     ones (an EventShift, or the events of the chunks before it); `summaries`: whether the reducer runs a job rule, which reads the summary tables' rows (the
     reducer decides: its rules are the ones that run). The database is deleted once its results
@@ -188,8 +209,7 @@ def analyze_chunk(
         try:
             con = trace.connection
             renumber(con, {int(k): None if v is None else int(v) for k, v in remap.items()})
-            own = [r for (r,) in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
-            _insert_peers(con, collectives, own)
+            _insert_peers(con, peers)
             trace = trace.select()
             select = [get_rule(k) for k in _rule_keys(rules)] or all_rules()
             cut = "" if summaries else " LIMIT 0"  # no job rule will read their rows: their columns
@@ -243,19 +263,23 @@ def renumber(con, remap: dict[int, int | None]) -> None:
             con.execute(f'UPDATE "{table}" SET run_id = {case} WHERE list_contains(?, run_id)', [ids])
 
 
-def _insert_peers(con, collectives, own: list[int]) -> None:
-    """The other chunks' collective calls into `peer_collectives` (what `job_collectives` adds)."""
-    if collectives is None or collectives.num_rows == 0:
+def _insert_peers(con, peers: Peers | None) -> None:
+    """Every chunk's collective counts and extremes into `peer_collective_counts` and
+    `peer_collective_extremes`, which `collective_counts` and `collective_extremes` then read."""
+    if peers is None:
         return
-    columns = [d[0] for d in con.execute("SELECT * FROM peer_collectives LIMIT 0").description]
-    names = ", ".join(f'"{c}"' for c in columns)
     from tracekit.db.connection import cursor
 
     cur = cursor(con)
     try:
-        cur.register("tk_peer_rows", collectives)
-        cur.execute(f"INSERT INTO peer_collectives ({names}) SELECT {names} FROM tk_peer_rows "
-                    "WHERE NOT list_contains(?, run_id)", [own])  # fmt: skip
+        for name, rows in (("peer_collective_counts", peers.counts), ("peer_collective_extremes", peers.extremes)):
+            if rows is None or rows.num_rows == 0:
+                continue
+            columns = [d[0] for d in cur.execute(f"SELECT * FROM {name} LIMIT 0").description]
+            names = ", ".join(f'"{c}"' for c in columns)
+            cur.register("tk_peer_rows", rows)
+            cur.execute(f"INSERT INTO {name} ({names}) SELECT {names} FROM tk_peer_rows")
+            cur.unregister("tk_peer_rows")
     finally:
         cur.close()
 
@@ -296,11 +320,15 @@ def table(con, query: str, params=None, shared=None):
 
     cur = shared.cursor() if shared is not None else cursor(con)
     try:
-        rel = cur.sql(query, params=params)
-        fetch = getattr(rel, "to_arrow_table", None) or rel.arrow  # DuckDB 2.x / 1.x (a Table there)
-        return fetch()
+        return arrow(cur.sql(query, params=params))
     finally:
         cur.close()
+
+
+def arrow(relation):
+    """A DuckDB relation's rows as one pyarrow.Table."""
+    fetch = getattr(relation, "to_arrow_table", None) or relation.arrow  # DuckDB 2.x / 1.x (a Table there)
+    return fetch()
 
 
 def remove_database(path: Path) -> None:

@@ -33,7 +33,7 @@ STATE = "lake.json"
 LOCK = ".lock"
 STAGING = ".staging"
 # per-run tables that analysis writes, not ingest: real tables in the catalog
-ANALYSIS_TABLES = ("findings", "ingest_pending", "peer_collectives")
+ANALYSIS_TABLES = ("findings", "ingest_pending", "peer_collectives", "peer_collective_counts")
 _MAGIC = b"DUCK"
 
 

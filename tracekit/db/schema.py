@@ -6,7 +6,7 @@ Bump SCHEMA_VERSION whenever a public column or view changes meaning or disappea
 docs/schema_notes/changelog.md.
 """
 
-SCHEMA_VERSION = "1.9"
+SCHEMA_VERSION = "1.10"
 
 # Kineto categories as written (lower-cased) -> normalized kind. Legacy 2020-2021 traces use
 # capitalised names (Operator/Runtime/Kernel/Memcpy/Memset); ROCm keeps cuda_runtime for hip* calls.

@@ -332,9 +332,12 @@ CREATE TABLE IF NOT EXISTS run_metrics (
     args JSON
 );
 
--- Collective calls of the job's other ranks, in the columns of `rank_collectives`: empty in a
--- database that holds every rank; a cluster worker's database is sent the calls of the ranks it
--- does not hold, so that `job_collectives` and `collective_arrivals` see the whole job there too.
+-- Collective calls of the job's other ranks, in the columns of `rank_collectives`, for a database
+-- that holds some ranks of a job: rows added here (e.g. `INSERT INTO peer_collectives SELECT * FROM
+-- other.rank_collectives` from another rank's database) are part of `job_collectives`, and so of
+-- `collective_arrivals`, `collective_counts` and `collective_extremes`. tracekit fills it nowhere: a
+-- cluster worker is sent the job's `peer_collective_counts` and `peer_collective_extremes` instead,
+-- which do not grow with the ranks times their calls.
 CREATE TABLE IF NOT EXISTS peer_collectives (
     -- the peer's run id in the job
     run_id INTEGER,
@@ -366,4 +369,40 @@ CREATE TABLE IF NOT EXISTS peer_collectives (
     group_size INTEGER,
     -- dtype of the message
     dtype VARCHAR
+);
+
+-- What a cluster worker is sent of the job's ranks for `collective_counts`: its rows over every rank
+-- of the job (the worker's own included), in that view's columns; empty elsewhere. Where it has
+-- rows, `collective_counts` reads them instead of computing its own.
+CREATE TABLE IF NOT EXISTS peer_collective_counts (
+    -- the run, by its id in the job
+    run_id INTEGER,
+    -- its rank
+    rank INTEGER,
+    -- its world size
+    world_size INTEGER,
+    -- the process group
+    process_group VARCHAR,
+    -- the run's collective calls in this group that ran on a device
+    calls BIGINT,
+    -- on how many devices
+    devices BIGINT
+);
+
+-- What a cluster worker is sent of the job's ranks for `collective_extremes`: each chunk's rows of
+-- that view over its own ranks (the worker's own chunk's included), combined there into the job's;
+-- empty elsewhere. Its size is chunks x collectives, not ranks x collectives.
+CREATE TABLE IF NOT EXISTS peer_collective_extremes (
+    -- the world size of the ranks
+    world_size INTEGER,
+    -- the process group
+    process_group VARCHAR,
+    -- the position of the call among the group's device calls on each rank (1, 2, ...)
+    n BIGINT,
+    -- how many of the chunk's ranks made this call
+    ranks BIGINT,
+    -- the two latest starts among them, latest first, each on its rank's own clock
+    latest_starts STRUCT(start_ns BIGINT, rank INTEGER)[],
+    -- the two earliest ends among them, earliest first
+    earliest_ends STRUCT(end_ns BIGINT, rank INTEGER)[]
 );

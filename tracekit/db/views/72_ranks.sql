@@ -49,9 +49,9 @@ FROM collectives
 WHERE rank IS NOT NULL AND collective IS DISTINCT FROM 'wait'
   AND coalesce(gpu_ts_ns, op_ts_ns) IS NOT NULL AND coalesce(gpu_end_ns, op_end_ns) IS NOT NULL;
 
--- Every collective call of the job: this database's `rank_collectives` and the rows of
--- `peer_collectives` (the other ranks' calls, which a cluster worker is sent; empty in a database
--- that holds every rank).
+-- Every collective call of the job that this database holds: its `rank_collectives` and the rows
+-- of `peer_collectives` (other ranks' calls added to it; empty unless so). In a cluster run's
+-- reducer `rank_collectives` holds every rank's calls; a worker holds only its chunk's.
 CREATE OR REPLACE VIEW job_collectives(
     -- the run (a peer's run id in the job for a peer's call)
     run_id,
@@ -87,6 +87,72 @@ CREATE OR REPLACE VIEW job_collectives(
 SELECT run_id, rank, world_size, process_group, seq, collective, event_id, on_device, device, start_ns, end_ns, dur_ns, bytes, group_size, dtype FROM rank_collectives
 UNION ALL
 SELECT run_id, rank, world_size, process_group, seq, collective, event_id, on_device, device, start_ns, end_ns, dur_ns, bytes, group_size, dtype FROM peer_collectives;
+
+-- Per ranked run and process group: its collective calls that ran on a device (communication
+-- kernels), and on how many devices. C001 matches a job's ranks call by call only where every rank
+-- made as many calls in each group, on one device. Computed from `job_collectives`; a cluster worker
+-- reads what it was sent of every rank of the job (`peer_collective_counts`) instead.
+CREATE OR REPLACE VIEW collective_counts(
+    -- the run
+    run_id,
+    -- its rank
+    rank,
+    -- its world size
+    world_size,
+    -- the process group
+    process_group,
+    -- the run's device calls in this group
+    calls,
+    -- the devices they ran on
+    devices
+) AS
+SELECT run_id, rank, world_size, process_group, calls, devices FROM peer_collective_counts
+UNION ALL
+SELECT run_id, rank, world_size, process_group, count(*), count(DISTINCT device)
+FROM job_collectives
+WHERE on_device AND NOT EXISTS (SELECT 1 FROM peer_collective_counts)
+GROUP BY run_id, rank, world_size, process_group;
+
+-- Per collective of the job's device calls, over its ranks: the call is the n-th device call of a
+-- process group on each rank (ranks of one world size). Its two latest starts and two earliest ends
+-- are kept with their ranks, each on its rank's own clock, so a rank's latest peer is the first
+-- entry that is not itself: C001 reads each rank's wait for its peers from here, without pairing it
+-- with every other rank. Ties go to the higher rank for a start, the lower for an end; a rank given
+-- twice appears once. A cluster worker combines the rows of every chunk that it was sent
+-- (`peer_collective_extremes`) instead of reading its own ranks.
+CREATE OR REPLACE VIEW collective_extremes(
+    -- the world size of the ranks
+    world_size,
+    -- the process group
+    process_group,
+    -- the call's position among the group's device calls on each rank (1, 2, ...)
+    n,
+    -- how many rank traces made it (in a cluster run a trace given twice, whose copy is dropped,
+    -- counts twice here; the lists hold it once)
+    ranks,
+    -- the two latest starts, latest first: [{start_ns, rank}, ...]
+    latest_starts,
+    -- the two earliest ends, earliest first: [{end_ns, rank}, ...]
+    earliest_ends
+) AS
+WITH numbered AS (
+    SELECT rank, world_size, process_group, start_ns, end_ns,
+           row_number() OVER (PARTITION BY run_id, process_group ORDER BY seq) AS n
+    FROM job_collectives
+    WHERE on_device AND NOT EXISTS (SELECT 1 FROM peer_collective_extremes)
+), parts AS (
+    SELECT world_size, process_group, n, count(*) AS ranks,
+           max({'start_ns': start_ns, 'rank': rank}, 2) AS latest_starts,
+           min({'end_ns': end_ns, 'rank': rank}, 2) AS earliest_ends
+    FROM numbered GROUP BY world_size, process_group, n
+    UNION ALL
+    SELECT world_size, process_group, n, ranks, latest_starts, earliest_ends FROM peer_collective_extremes
+)
+SELECT world_size, process_group, n, CAST(sum(ranks) AS BIGINT),
+       list_slice(list_reverse_sort(list_distinct(flatten(list(latest_starts)))), 1, 2),
+       list_slice(list_sort(list_distinct(flatten(list(earliest_ends)))), 1, 2)
+FROM parts
+GROUP BY world_size, process_group, n;
 
 -- Each rank's arrival at each collective it shares with the other ranks of its job, on one clock.
 -- A collective instance is (process group, `seq`, collective name) across the ranks of
