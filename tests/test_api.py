@@ -262,3 +262,16 @@ def test_only_the_api_ingests_or_runs_rules():
             elif isinstance(node, ast.Import) and any(a.name in _PIPELINE for a in node.names):
                 offenders.append(f"{rel}:{node.lineno}")
     assert offenders == []
+
+
+def test_a_list_of_paths_opens_as_its_items():
+    """`tracekit.open(glob.glob(...))` is how a notebook names rank files: a list or tuple counts as
+    its items, beside single paths; anything else is one clear error, not a TypeError."""
+    ranks = [sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz")]
+    with tracekit.open(ranks) as listed, tracekit.open(*ranks) as spread:
+        assert listed.sql("SELECT rank FROM runs ORDER BY run_id").fetchall() == [(0,), (1,)]
+        assert listed.summary() == spread.summary()
+    with tracekit.open(tuple(ranks[:1]), Path(ranks[1])) as mixed:
+        assert len(mixed.runs) == 2
+    with pytest.raises(TracekitError, match="inputs are paths .*got int: 3"):
+        tracekit.open([ranks[0], 3])

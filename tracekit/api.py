@@ -32,6 +32,7 @@ import contextlib
 import fnmatch
 import itertools
 import json
+import os
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,17 @@ from tracekit.errors import TracekitError
 # Bytes 8-11 of every DuckDB database file.
 _DUCKDB_MAGIC = b"DUCK"
 _SEVERITY_ORDER = "list_position(['critical', 'warning', 'info'], severity)"
+
+
+def _paths(inputs) -> list[Path]:
+    """The inputs as paths, a list or tuple given as one input counting as its items."""
+    paths = []
+    for given in inputs:
+        for item in given if isinstance(given, (list, tuple)) else (given,):
+            if not isinstance(item, (str, os.PathLike)):
+                raise TracekitError(f"inputs are paths (str or os.PathLike), got {type(item).__name__}: {item!r:.80}")
+            paths.append(Path(item))
+    return paths
 
 
 def open(
@@ -57,7 +69,8 @@ def open(
     """Open profiler output as a Trace.
 
     `inputs`: trace and log files, folders a profiler wrote (e.g. a `tensorboard_trace_handler`
-    directory), or one existing tracekit database (a .duckdb file, recognised by content too).
+    directory), or one existing tracekit database (a .duckdb file, recognised by content too); a
+    list or tuple of them counts as its items (`tracekit.open(glob.glob("rank*.json.gz"))`).
     Without inputs, `db` is opened as it is (created when missing, unless `read_only`).
 
     `db`: keep the database in this file (ingested inputs are added to it); default: in memory.
@@ -69,7 +82,7 @@ def open(
     to do with a trace the database holds already (same content): `skip` it (`Trace.duplicates`
     says which), `replace` its old runs, or `keep` both.
     """
-    paths = [Path(p) for p in inputs]
+    paths = _paths(inputs)
     databases = [p for p in paths if is_database(p)]
     if databases and len(paths) > 1:
         raise TracekitError("pass either one .duckdb database or trace files, not both")
