@@ -128,10 +128,17 @@ def stream_summaries(con, run_id: int, params) -> list:
     return rows(con, STREAMS_SQL, {"run_id": run_id, "short_gap_ns": params["short_gap_ns"]})
 
 
-def largest_gaps(con, ctx, where: dict, top: int) -> list[dict]:
-    """The stream's longest gaps, with the launch (call, op, code path) that ended each."""
+def gaps_and_sites(con, ctx, run_id: int, where: dict, top: int) -> tuple[list[dict], list[dict]]:
+    """The stream's longest gaps, with the launch (call, op, code path) that ended each, and the
+    call sites whose launches ended the most host-caused idle time; the launches' ops and code
+    paths are looked up together."""
+    gaps = rows(con, TOP_GAPS_SQL, {"run_id": run_id, **where, "top": top})
+    found = rows(con, HOST_SITES_SQL, {"run_id": run_id, **where})
+    launches = [g.runtime_event_id for g in gaps] + [h.worst_runtime_event_id for h in found]
+    # the outermost op (aten::linear rather than aten::addmm) names the model code
+    ops, paths = ctx.enclosing_ops(launches, outermost=True), ctx.code_paths(launches)
     largest = []
-    for g in rows(con, TOP_GAPS_SQL, {**where, "top": top}):
+    for g in gaps:
         item = {
             "window_ns": [int(g.start_ns), int(g.end_ns)],
             "gap_ns": int(g.gap_ns),
@@ -140,25 +147,19 @@ def largest_gaps(con, ctx, where: dict, top: int) -> list[dict]:
             "other_streams_busy_ns": int(g.other_busy_ns),
         }
         if g.runtime_event_id is not None:
-            # the outermost op (aten::linear rather than aten::addmm) names the model code
-            op = ctx.enclosing_op(g.runtime_event_id, outermost=True)
+            op = ops[g.runtime_event_id]
             item["launch"] = {
                 "runtime_event_id": int(g.runtime_event_id),
                 "call": g.runtime_name,
                 "op": op.name if op else None,
                 "input_shapes": op.input_dims if op else None,
-                "code_path": ctx.code_path(g.runtime_event_id),
+                "code_path": paths[g.runtime_event_id],
             }
         largest.append(item)
-    return largest
-
-
-def host_sites(con, ctx, run_id: int, where: dict) -> list[dict]:
-    """The call sites whose launches ended the most host-caused idle time."""
     sites = []
-    for h in rows(con, HOST_SITES_SQL, {"run_id": run_id, **where}):
+    for h in found:
         worst = h.worst_runtime_event_id
-        op = ctx.enclosing_op(worst, outermost=True)
+        op = ops.get(worst)
         sites.append(
             {
                 "tid": h.launch_tid,
@@ -167,8 +168,8 @@ def host_sites(con, ctx, run_id: int, where: dict) -> list[dict]:
                 "gaps": int(h.gaps),
                 "idle_ns": int(h.idle_ns),
                 "op": op.name if op else None,
-                "code_path": ctx.code_path(worst) if worst is not None else [],
+                "code_path": paths.get(worst, []),
                 "sample_runtime_event_id": int(worst) if worst is not None else None,
             }
         )
-    return sites
+    return largest, sites

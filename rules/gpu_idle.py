@@ -227,8 +227,7 @@ def _in_window(con, context, run_id: int, s):
 
 def _finding(con, ctx, run, params, s, graph_launches, others):
     where = {"device": s.device, "stream": s.stream}
-    largest = _idle_gaps.largest_gaps(con, ctx, {"run_id": run.run_id, **where}, params["top_gaps"])
-    host_sites = _idle_gaps.host_sites(con, ctx, run.run_id, where)
+    largest, host_sites = _idle_gaps.gaps_and_sites(con, ctx, run.run_id, where, params["top_gaps"])
     idle, active = int(s.idle_ns), _active_ns(s)
     share, exposed_share = idle / active, s.exposed_ns / active
     split = {c: int(getattr(s, f"{c}_ns")) for c in _idle_gaps.CAUSES}
