@@ -3,6 +3,8 @@ launch configuration (what K002 repeated-launches measures)."""
 
 from __future__ import annotations
 
+import re
+
 from tracekit.engine.toolkit import contains_any
 
 # Kineto's `Input type` of a tensor is its dtype name (`float`, `long int`, `c10::BFloat16`); other
@@ -21,8 +23,8 @@ _DTYPE = r"^(float|double|bool|c10::.+|((un)?signed |short |long )*(char|int|lon
 # Ops are named by their name key: a record_function op carrying a per-run id is one op.
 GROUPS_SQL = f"""
 WITH RECURSIVE calls AS (
-    SELECT runtime_event_id, any_value(runtime_name) AS runtime_name, any_value(external_id) AS external_id,
-           count(*) AS gpu_work
+    SELECT runtime_event_id, any_value(run_id) AS run_id, any_value(runtime_name) AS runtime_name,
+           any_value(external_id) AS external_id, count(*) AS gpu_work
     FROM first_launches WHERE run_id = $run_id GROUP BY runtime_event_id
 ), op_names AS MATERIALIZED (
     -- the name tests once per distinct op name, not once per op call
@@ -32,32 +34,33 @@ WITH RECURSIVE calls AS (
     FROM (SELECT DISTINCT name FROM event_rows WHERE run_id = $run_id AND kind = 'cpu_op')
 ), nodes AS MATERIALIZED (
     -- the host call tree of this run, read once: every step of the walk below joins this, not event_rows
-    SELECT e.rowid AS id, e.parent_id, coalesce(n.is_op, false) AS is_op, coalesce(n.is_library, false) AS is_library
+    SELECT e.rowid AS id, e.run_id, e.parent_id, coalesce(n.is_op, false) AS is_op,
+           coalesce(n.is_library, false) AS is_library
     FROM event_rows e LEFT JOIN op_names n ON e.kind = 'cpu_op' AND n.name = e.name
     WHERE e.run_id = $run_id AND e.ph = 'X' AND e.pid IS NOT NULL AND e.kind NOT IN (
         'kernel', 'gpu_memcpy', 'gpu_memset', 'gpu_user_annotation', 'python_function')
 ), has_library AS (
-    SELECT count(*) > 0 AS any_library FROM nodes WHERE is_library
+    SELECT DISTINCT run_id FROM nodes WHERE is_library
 ), up(runtime_event_id, cur, hops) AS (
     SELECT c.runtime_event_id, r.parent_id, 0 FROM calls c JOIN nodes r ON r.id = c.runtime_event_id
     UNION ALL
     -- past the nearest op only where a library op may be above it
-    SELECT u.runtime_event_id, p.parent_id, u.hops + 1 FROM up u JOIN nodes p ON p.id = u.cur, has_library h
-    WHERE (NOT p.is_op OR h.any_library) AND u.hops < 64
+    SELECT u.runtime_event_id, p.parent_id, u.hops + 1 FROM up u JOIN nodes p ON p.id = u.cur
+    WHERE (NOT p.is_op OR p.run_id IN (SELECT run_id FROM has_library)) AND u.hops < 64
 ), by_tree AS (
     SELECT u.runtime_event_id, arg_min(u.cur, u.hops) FILTER (WHERE p.is_op) AS inner_id,
            arg_max(u.cur, u.hops) FILTER (WHERE p.is_library) AS library_id
     FROM up u JOIN nodes p ON p.id = u.cur GROUP BY u.runtime_event_id
 ), by_external AS (
-    SELECT external_id, min(event_id) AS op_id FROM cpu_ops
+    SELECT run_id, external_id, min(event_id) AS op_id FROM cpu_ops
     WHERE run_id = $run_id AND external_id > 0 AND name NOT LIKE 'ProfilerStep#%'
-    GROUP BY external_id HAVING count(*) = 1
+    GROUP BY run_id, external_id HAVING count(*) = 1
 ), work AS (
     SELECT l.gpu_event_id, l.gpu_dur_ns, coalesce(t.inner_id, x.op_id) AS inner_id,
            coalesce(t.library_id, t.inner_id, x.op_id) AS op_id
     FROM first_launches l JOIN calls c ON c.runtime_event_id = l.runtime_event_id
     LEFT JOIN by_tree t ON t.runtime_event_id = l.runtime_event_id
-    LEFT JOIN by_external x ON x.external_id = c.external_id
+    LEFT JOIN by_external x ON x.run_id = c.run_id AND x.external_id = c.external_id
     WHERE l.run_id = $run_id AND c.gpu_work = 1 AND NOT regexp_matches(c.runtime_name, 'GraphLaunch')
 ), occurrence AS (
     SELECT op_id, sum(gpu_dur_ns) AS op_gpu_ns, count(*) AS work_items FROM work WHERE op_id IS NOT NULL GROUP BY op_id
@@ -87,7 +90,7 @@ WITH RECURSIVE calls AS (
     FROM scalar_counts GROUP BY op_id, call_type
     HAVING count(*) > 1 OR bool_or(opaque)
 ), grouped AS (
-SELECT w.op_id, any_value(ok.key) AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
+SELECT w.op_id, o.run_id, any_value(ok.key) AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
        any_value(ik.key) AS inner_op, i.input_dims AS inner_shapes, min(i.ts_ns) - o.ts_ns AS inner_offset_ns,
        k.name AS kernel, k.grid, k.block, k.shared_memory, k.registers_per_thread, k.device, k.stream,
        -- one repeat site: the scope op and its input shapes, the inner op call, the kernel and its configuration
@@ -100,14 +103,14 @@ JOIN cpu_ops o ON o.event_id = w.op_id JOIN cpu_ops i ON i.event_id = w.inner_id
 JOIN op_names ok ON ok.name = o.name JOIN op_names ik ON ik.name = i.name
 JOIN occurrence ON occurrence.op_id = w.op_id
 WHERE coalesce(k.graph_id, 0) = 0 AND occurrence.work_items > 1
-GROUP BY w.op_id, o.name, o.input_dims, o.pid, o.tid, o.ts_ns, i.name, i.input_dims, i.args->'Input Strides',
+GROUP BY w.op_id, o.run_id, o.name, o.input_dims, o.pid, o.tid, o.ts_ns, i.name, i.input_dims, i.args->'Input Strides',
          i.input_types, i.concrete_inputs, k.name, k.grid, k.block, k.shared_memory, k.registers_per_thread,
          k.device, k.stream
 UNION ALL BY NAME
 -- an op call that launched one piece of GPU work repeats nothing, but counts among the calls of its op
 -- with those input shapes: the row the grouping above would give it, without the columns only a
 -- repeat reads (most calls launch once: on hta__df_index_resolver 390k of 423k launches)
-SELECT w.op_id, ok.key AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
+SELECT w.op_id, o.run_id, ok.key AS op, o.input_dims AS input_shapes, o.pid, o.tid, o.ts_ns AS op_ts_ns,
        1 AS launches, k.dur_ns AS kernel_ns, 0 AS repeat_ns, occurrence.op_gpu_ns
 FROM work w JOIN occurrence ON occurrence.op_id = w.op_id AND occurrence.work_items = 1
 JOIN kernels k ON k.event_id = w.gpu_event_id JOIN cpu_ops o ON o.event_id = w.op_id
@@ -124,64 +127,73 @@ SELECT g.*, EXISTS (
 FROM grouped g
 """
 
+# The same for several runs at once ($run_ids): one statement for every run of an analysis, whose
+# planning costs as much as one run's execution on a small trace (64 GPU ranks: 28 ms a run, half of
+# it planning). Each row is of one run (`run_id`), as the per-run statement gives it.
+GROUPS_OF_RUNS_SQL = re.sub(r"([\w.]*run_id) = \$run_id", r"list_contains($run_ids, \1)", GROUPS_SQL)
+
 GROUPS_TABLE = "_k002_groups"
 
 
 # The repeat sites (groups of one op with those input shapes that launched the same inner op call's
 # kernel more than once, over the steady-state thresholds and not exempt), then one row per op and
-# input shapes: its repeat time, launches and occurrences over all its sites, and the sites.
+# input shapes: its repeat time, launches and occurrences over all its sites, and the sites; each run's
+# apart from the others'.
 _REPEATS_BODY = f"""
 per_shape AS (
-    SELECT op, input_shapes, count(DISTINCT op_id) AS occurrences FROM groups GROUP BY ALL
+    SELECT run_id, op, input_shapes, count(DISTINCT op_id) AS occurrences FROM groups GROUP BY ALL
 ), sites AS (
-    SELECT g.site, any_value(g.op) AS op, any_value(g.input_shapes) AS input_shapes,
+    SELECT g.run_id, g.site, any_value(g.op) AS op, any_value(g.input_shapes) AS input_shapes,
            any_value(g.inner_op) AS inner_op, any_value(g.inner_shapes) AS inner_shapes,
            min(g.inner_offset_ns) AS inner_offset_ns,
            any_value(g.kernel) AS kernel, any_value(g.grid) AS grid, any_value(g.block) AS block,
            any_value(g.shared_memory) AS smem, any_value(g.registers_per_thread) AS regs,
            count(*) AS occurrences, any_value(s.occurrences) AS all_occurrences,
            sum(g.repeat_ns) AS repeat_ns, sum(g.launches) AS launches
-    FROM groups g JOIN per_shape s ON s.op = g.op AND s.input_shapes IS NOT DISTINCT FROM g.input_shapes
+    FROM groups g JOIN per_shape s
+      ON s.run_id = g.run_id AND s.op = g.op AND s.input_shapes IS NOT DISTINCT FROM g.input_shapes
     WHERE g.launches > 1 AND NOT g.loop_variant AND NOT {contains_any("g.op", "$skip_ops")}
       AND NOT {contains_any("g.inner_op", "$skip_ops")} AND NOT {contains_any("g.kernel", "$skip_kernels")}
-    GROUP BY g.site
+    GROUP BY g.run_id, g.site
     HAVING count(*) >= $min_occurrences AND count(*) >= $min_occurrence_share * any_value(s.occurrences)
 ), repeats AS (
-    SELECT g.* FROM groups g SEMI JOIN sites s ON s.site = g.site WHERE g.launches > 1
+    SELECT g.* FROM groups g SEMI JOIN sites s ON s.run_id = g.run_id AND s.site = g.site WHERE g.launches > 1
 ), per_call AS (
-    SELECT op, input_shapes, op_id, any_value(op_gpu_ns) AS op_gpu_ns, any_value(op_ts_ns) AS op_ts_ns,
+    SELECT run_id, op, input_shapes, op_id, any_value(op_gpu_ns) AS op_gpu_ns, any_value(op_ts_ns) AS op_ts_ns,
            sum(repeat_ns) AS repeat_ns
     FROM repeats GROUP BY ALL
 ), op_calls AS (
-    SELECT op, input_shapes, count(*) AS occurrences, sum(op_gpu_ns) AS op_gpu_ns,
+    SELECT run_id, op, input_shapes, count(*) AS occurrences, sum(op_gpu_ns) AS op_gpu_ns,
            min(op_ts_ns) AS first_call_ns, max(op_ts_ns) AS last_call_ns,
            -- the worst call; ties go to the earliest, so the code path (and the finding id) is stable
            arg_max(op_id, (repeat_ns, -op_ts_ns, -op_id)) AS worst_op
     FROM per_call GROUP BY ALL
 ), per_op AS (
-    SELECT op, input_shapes, sum(repeat_ns) AS repeat_ns, sum(launches - 1) AS repeated, sum(launches) AS launches,
+    SELECT run_id, op, input_shapes, sum(repeat_ns) AS repeat_ns, sum(launches - 1) AS repeated, sum(launches) AS launches,
            max(launches) AS max_per_call, list(DISTINCT pid) AS pids, list(DISTINCT tid) AS tids,
            list(DISTINCT device) AS devices, list(DISTINCT stream) AS streams
     FROM repeats GROUP BY ALL
 )
-SELECT p.op, p.input_shapes, c.occurrences, p.repeat_ns, p.repeated, p.launches, p.max_per_call, c.op_gpu_ns,
+SELECT p.run_id, p.op, p.input_shapes, c.occurrences, p.repeat_ns, p.repeated, p.launches, p.max_per_call, c.op_gpu_ns,
        c.first_call_ns, c.last_call_ns, c.worst_op, p.pids, p.tids, p.devices, p.streams,
-       (SELECT max(all_occurrences) FROM sites s WHERE s.op = p.op
+       (SELECT max(all_occurrences) FROM sites s WHERE s.run_id = p.run_id AND s.op = p.op
           AND s.input_shapes IS NOT DISTINCT FROM p.input_shapes) AS all_occurrences,
        (SELECT list(struct_pack(inner_op, inner_shapes, inner_offset_ns, kernel, grid, block, smem, regs, occurrences,
                                 launches, repeat_ns) ORDER BY repeat_ns DESC, kernel, grid, block, inner_op)
-        FROM sites s WHERE s.op = p.op AND s.input_shapes IS NOT DISTINCT FROM p.input_shapes) AS sites,
+        FROM sites s WHERE s.run_id = p.run_id AND s.op = p.op AND s.input_shapes IS NOT DISTINCT FROM p.input_shapes)
+           AS sites,
        (SELECT flatten(list(kernel_ids ORDER BY repeat_ns DESC, kernel)) FROM repeats r WHERE r.op_id = c.worst_op)
            AS worst_ids
-FROM per_op p JOIN op_calls c ON c.op = p.op AND c.input_shapes IS NOT DISTINCT FROM p.input_shapes
+FROM per_op p JOIN op_calls c
+  ON c.run_id = p.run_id AND c.op = p.op AND c.input_shapes IS NOT DISTINCT FROM p.input_shapes
 """
 
-# The repeat rows of one run over the thresholds, from the run's groups in GROUPS_TABLE; the floor is a
-# share of the run's kernel time, not of its window, which a launch-bound run leaves mostly idle.
+# The repeat rows over the thresholds of every run in GROUPS_TABLE, run by run; the floor is a share of
+# the run's kernel time, not of its window, which a launch-bound run leaves mostly idle.
 REPEATS_SQL = (
     f"WITH groups AS (SELECT * FROM {GROUPS_TABLE}), {_REPEATS_BODY}"
-    "WHERE p.repeat_ns >= $min_share * (SELECT coalesce(sum(dur_ns), 0) FROM kernels WHERE run_id = $run_id)\n"
-    "ORDER BY p.repeat_ns DESC, p.op, p.input_shapes"
+    "WHERE p.repeat_ns >= $min_share * (SELECT coalesce(sum(dur_ns), 0) FROM kernels k WHERE k.run_id = p.run_id)\n"
+    "ORDER BY p.run_id, p.repeat_ns DESC, p.op, p.input_shapes"
 )
 
 # The evidence query: the repeats of one op with one set of input shapes, recomputed from the trace.

@@ -139,32 +139,27 @@ _SITE_PARAMS = ("skip_ops", "skip_kernels", "min_occurrences", "min_occurrence_s
     example=Example(("repeated_rope_cache.json.gz",)),
 )
 def check(con, params, ctx):
-    for run in ctx.runs:
-        if run.window_ns <= 0:
-            continue
-        for repeat in _repeats(con, run, params):
-            yield _finding(run, ctx, params, repeat)
+    runs = [run for run in ctx.runs if run.window_ns > 0]
+    if not runs:
+        return
+    table = _op_launches.GROUPS_TABLE
+    # every run's groups, then every run's repeats, one statement each: their planning is paid once
+    con.execute(f"DROP TABLE IF EXISTS {table}")
+    con.execute(
+        f"CREATE TEMP TABLE {table} AS {_op_launches.GROUPS_OF_RUNS_SQL}",
+        {"run_ids": [run.run_id for run in runs], "framework_namespaces": params["framework_namespaces"]},
+    )
+    try:
+        found = rows(con, _op_launches.REPEATS_SQL, {**_site_params(params), "min_share": params["min_share"]})
+    finally:
+        con.execute(f"DROP TABLE IF EXISTS {table}")
+    by_id = {run.run_id: run for run in runs}
+    for repeat in found:
+        yield _finding(by_id[repeat.run_id], ctx, params, repeat)
 
 
 def _site_params(params) -> dict:
     return {name: params[name] for name in _SITE_PARAMS}
-
-
-def _repeats(con, run, params) -> list:
-    table = _op_launches.GROUPS_TABLE
-    con.execute(f"DROP TABLE IF EXISTS {table}")
-    con.execute(
-        f"CREATE TEMP TABLE {table} AS {_op_launches.GROUPS_SQL}",
-        {"run_id": run.run_id, "framework_namespaces": params["framework_namespaces"]},
-    )
-    try:
-        return rows(
-            con,
-            _op_launches.REPEATS_SQL,
-            {**_site_params(params), "min_share": params["min_share"], "run_id": run.run_id},
-        )
-    finally:
-        con.execute(f"DROP TABLE IF EXISTS {table}")
 
 
 def _only(values: list):
