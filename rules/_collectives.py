@@ -106,6 +106,29 @@ def per_kernel(con, ctx, sql_params: dict) -> list:
     return rows(con, f"SELECT * FROM ({sql}) ORDER BY start_ns, event_id", sql_params)
 
 
+# PER_KERNEL_SQL for every device of several runs at once ($run_ids), each row with its `lane` (the
+# device): the union and the overlap are per (run, device) either way, so each device's rows are
+# those PER_KERNEL_SQL gives it, and the statement is planned once rather than once per device.
+PER_KERNEL_OF_RUNS_SQL = PER_KERNEL_SQL.replace(
+    "run_id = $run_id AND device = $device", "list_contains($run_ids, run_id)"
+).replace(
+    "SELECT * EXCLUDE (lane, busy_ns), busy_ns AS overlapped_ns", "SELECT * EXCLUDE (busy_ns), busy_ns AS overlapped_ns"
+)
+
+
+def per_kernel_of_runs(con, ctx, run_ids: list[int], memcpy_is_compute: bool, all_phases: bool) -> dict:
+    """`per_kernel` of every (run, device) of these runs, by (run, device), from one statement."""
+    sql = _phases.in_rule(con, ctx, PER_KERNEL_OF_RUNS_SQL)
+    out: dict[tuple[int, int], list] = {}
+    for k in rows(
+        con,
+        f"SELECT * FROM ({sql}) ORDER BY run_id, lane, start_ns, event_id",
+        {"run_ids": run_ids, "memcpy_is_compute": memcpy_is_compute, "all_phases": all_phases},
+    ):
+        out.setdefault((k.run_id, k.lane), []).append(k)
+    return out
+
+
 @dataclass
 class CrossRank:
     """One rank's collectives matched against its peers': per comm kernel the time spent waiting for

@@ -125,6 +125,9 @@ def check(con, params, ctx):
     if not comm_devices:
         return
     cross = _collectives.cross_rank(con, ctx)
+    per_device = _collectives.per_kernel_of_runs(
+        con, ctx, sorted({d.run_id for d in comm_devices}), bool(params["memcpy_is_compute"]), params["all_phases"]
+    )
     for d in comm_devices:
         run = ctx.run(d.run_id)
         window = _phases.window(con, ctx, run, params)
@@ -136,7 +139,7 @@ def check(con, params, ctx):
             "memcpy_is_compute": bool(params["memcpy_is_compute"]),
             "all_phases": params["all_phases"],
         }
-        kernels = _collectives.per_kernel(con, ctx, sql_params)
+        kernels = per_device.get((d.run_id, d.device), [])
         comm = sum(k.dur_ns for k in kernels)
         if not comm:
             continue

@@ -213,19 +213,40 @@ class Context:
         out: dict[int, list[str]] = {e: [] for e in wanted}
         # the events' threads and spans first, by rowid: the frames are then read from each run's rows
         # alone (a join of `events` with `python_functions` scanned every run's frames, per call)
-        by_run: dict[int, list[str]] = {}
-        for event_id, run_id, pid, tid, ts_ns, end_ns in self.con.execute(
-            "SELECT rowid, run_id, pid, tid, ts_ns, ts_ns + coalesce(dur_ns, 0) FROM event_rows "
-            "WHERE rowid IN (SELECT unnest(?::BIGINT[]))",
-            [wanted],
-        ).fetchall():
+        by_run: dict[int, list[tuple]] = {}
+        for event_id, run_id, pid, tid, ts_ns, end_ns in self._rows_by_id(
+            wanted, "run_id, pid, tid, ts_ns, ts_ns + coalesce(dur_ns, 0)"
+        ):
             if pid is not None and tid is not None:
-                by_run.setdefault(run_id, []).append(f"({event_id}, {pid}, {tid}, {ts_ns}, {end_ns})")
+                by_run.setdefault(run_id, []).append((event_id, pid, tid, ts_ns, end_ns))
         for run_id, targets in by_run.items():
-            # frames cut at the trace's end can share a depth: of those, the later start is the inner one
-            found = self.con.execute(
-                f"""
-                WITH target(event_id, pid, tid, ts_ns, end_ns) AS (VALUES {", ".join(targets)})
+            if len(wanted) == 1:  # one event: a plain ordered read, cheaper to plan than the join below
+                _, pid, tid, ts_ns, end_ns = targets[0]
+                found = self.con.execute(
+                    """
+                    SELECT rowid, name FROM event_rows
+                    WHERE run_id = ? AND kind = 'python_function' AND pid = ? AND tid = ? AND ts_ns <= ?
+                      AND ts_ns + coalesce(dur_ns, 0) >= ?
+                    ORDER BY CASE WHEN ph = 'X' THEN coalesce(depth, 0) END DESC, ts_ns DESC, rowid DESC LIMIT ?
+                    """,
+                    [run_id, pid, tid, ts_ns, end_ns, limit],
+                ).fetchall()
+                found = [(wanted[0], name) for _, name in found]
+            else:
+                found = self._frames_of(run_id, targets, limit)
+            for event_id, name in found:
+                # builtin frames name a live object ("... object at 0x7f..."): drop the address so
+                # locality, and with it the finding id, is the same in every run
+                out[event_id].append(_ADDRESS.sub("", name))
+        return out
+
+    def _frames_of(self, run_id: int, targets: list[tuple], limit: int) -> list[tuple]:
+        """(event id, frame name) of the frames around each target of one run, innermost first."""
+        values = ", ".join(f"({int(e)}, {int(p)}, {int(t)}, {int(s)}, {int(n)})" for e, p, t, s, n in targets)
+        # frames cut at the trace's end can share a depth: of those, the later start is the inner one
+        return self.con.execute(
+            f"""
+                WITH target(event_id, pid, tid, ts_ns, end_ns) AS (VALUES {values})
                 SELECT t.event_id, f.name FROM target t JOIN event_rows f ON f.pid = t.pid AND f.tid = t.tid
                 WHERE f.run_id = ? AND f.kind = 'python_function'
                   AND f.ts_ns <= t.ts_ns AND f.ts_ns + coalesce(f.dur_ns, 0) >= t.end_ns
@@ -235,13 +256,8 @@ class Context:
                 ) <= ?
                 ORDER BY t.event_id, CASE WHEN f.ph = 'X' THEN coalesce(f.depth, 0) END DESC, f.ts_ns DESC, f.rowid DESC
                 """,
-                [run_id, limit],
-            ).fetchall()
-            for event_id, name in found:
-                # builtin frames name a live object ("... object at 0x7f..."): drop the address so
-                # locality, and with it the finding id, is the same in every run
-                out[event_id].append(_ADDRESS.sub("", name))
-        return out
+            [run_id, limit],
+        ).fetchall()
 
     def ancestors(self, event_id: int, limit: int = 64) -> list[Ancestor]:
         """The event's ancestors, nearest first."""
@@ -272,8 +288,11 @@ class Context:
                 current[e] = parent_id
 
     def _rows_by_id(self, rowids: list[int], columns: str) -> list[tuple]:
+        """(rowid, *columns) of these rows of event_rows."""
         if not rowids:
             return []
+        if len(rowids) == 1:  # an equality on rowid is a point read; IN a list, a scan with a filter
+            return self.con.execute(f"SELECT rowid, {columns} FROM event_rows WHERE rowid = ?", rowids).fetchall()
         return self.con.execute(
             f"SELECT rowid, {columns} FROM event_rows WHERE rowid IN (SELECT unnest(?::BIGINT[]))", [rowids]
         ).fetchall()
