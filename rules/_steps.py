@@ -144,45 +144,59 @@ GROUPS_SQL = (
 # The evidence query: recomputes the group's GPU busy share (first column, = observed) and its counts.
 GROUP_SQL = "SELECT" + GROUP_COLUMNS + "FROM (" + STEPS_SQL + ") s\nWHERE device = $device"
 
-# Ops that issued the group's launches: the top-level cpu_op above each launch call (ProfilerStep#N,
-# an op in old traces, skipped), with its input shapes.
+# Ops that issued each group's launches: the top-level cpu_op above each launch call (ProfilerStep#N,
+# an op in old traces, skipped), with its input shapes; the five that launched most per (run, device)
+# of $runs and $devices (zipped: the groups reported), in one statement for every group.
 OPS_SQL = """
-WITH RECURSIVE windows AS MATERIALIZED (
-    SELECT run_id, step_index, start_ns, end_ns FROM step_windows WHERE run_id = $run_id AND end_ns > start_ns
+WITH RECURSIVE pairs AS (
+    SELECT unnest($runs) AS run_id, unnest($devices) AS device
+), windows AS MATERIALIZED (
+    SELECT run_id, step_index, start_ns, end_ns FROM step_windows
+    WHERE list_contains($runs, run_id) AND end_ns > start_ns
 ), sel AS (
-    SELECT l.runtime_event_id, l.gpu_dur_ns, l.launch_dur_ns, w.step_index
+    SELECT l.run_id, l.device, l.runtime_event_id, l.gpu_dur_ns, l.launch_dur_ns, w.step_index
     FROM first_launches l ASOF JOIN windows w ON w.run_id = l.run_id AND l.launch_ts_ns >= w.start_ns
-    WHERE l.run_id = $run_id AND l.device = $device AND l.launch_ts_ns < w.end_ns
+    SEMI JOIN pairs p ON p.run_id = l.run_id AND p.device = l.device
+    WHERE list_contains($runs, l.run_id) AND l.launch_ts_ns < w.end_ns
       AND l.runtime_name NOT ILIKE '%GraphLaunch%'
 ), up(runtime_event_id, event_id, parent_id, kind, name, hops) AS (
-    -- a launch's ancestors are events of its own run: each level joins that run's events only
+    -- a launch's ancestors are events of its own run: each level joins those runs' events only
     SELECT s.runtime_event_id, e.event_id, e.parent_id, e.kind, e.name, 0
     FROM (SELECT DISTINCT runtime_event_id FROM sel) s JOIN events e ON e.event_id = s.runtime_event_id
-    WHERE e.run_id = $run_id
+    WHERE list_contains($runs, e.run_id)
     UNION ALL
     SELECT up.runtime_event_id, e.event_id, e.parent_id, e.kind, e.name, up.hops + 1
-    FROM up JOIN events e ON e.event_id = up.parent_id WHERE up.hops < 64 AND e.run_id = $run_id
+    FROM up JOIN events e ON e.event_id = up.parent_id WHERE up.hops < 64 AND list_contains($runs, e.run_id)
 ), top_op AS (
     SELECT runtime_event_id, arg_max(event_id, hops) AS op_event_id
     FROM up WHERE kind = 'cpu_op' AND name NOT LIKE 'ProfilerStep#%' GROUP BY runtime_event_id
 ), labelled AS (
     SELECT sel.*, coalesce(c.name, '(no op)') AS op, c.input_dims
     FROM sel LEFT JOIN top_op t USING (runtime_event_id)
-    LEFT JOIN (SELECT event_id, name, input_dims FROM cpu_ops WHERE run_id = $run_id) c ON c.event_id = t.op_event_id
+    LEFT JOIN (SELECT event_id, name, input_dims FROM cpu_ops WHERE list_contains($runs, run_id)) c
+      ON c.event_id = t.op_event_id
 ), sig AS (
-    SELECT op, input_dims, count(*) AS n, count(*) FILTER (WHERE gpu_dur_ns < launch_dur_ns) AS shorter,
+    SELECT run_id, device, op, input_dims, count(*) AS n, count(*) FILTER (WHERE gpu_dur_ns < launch_dur_ns) AS shorter,
            sum(gpu_dur_ns) AS gpu_ns, sum(launch_dur_ns) AS launch_ns, min(runtime_event_id) AS sample,
            count(DISTINCT step_index) AS steps
-    FROM labelled GROUP BY op, input_dims
+    FROM labelled GROUP BY run_id, device, op, input_dims
+), signatures AS (
+    SELECT run_id, device, count(DISTINCT (op, input_dims)) AS signatures FROM labelled GROUP BY run_id, device
+), step_signatures AS (
+    SELECT run_id, device, max(k) AS step_signatures
+    FROM (SELECT run_id, device, count(DISTINCT (op, input_dims)) AS k FROM labelled GROUP BY run_id, device, step_index)
+    GROUP BY run_id, device
+), per_op AS (
+    SELECT run_id, device, op, list(input_dims ORDER BY n DESC, input_dims NULLS LAST)[1] AS input_dims,
+           sum(n) AS launches, sum(shorter) AS shorter, sum(gpu_ns) AS gpu_ns, sum(launch_ns) AS launch_ns,
+           list(sample ORDER BY n DESC, input_dims NULLS LAST)[1] AS sample_runtime_event_id, max(steps) AS steps,
+           count(*) AS shapes
+    FROM sig GROUP BY run_id, device, op
 )
-SELECT op, list(input_dims ORDER BY n DESC, input_dims NULLS LAST)[1] AS input_dims, sum(n) AS launches,
-       sum(shorter) AS shorter, sum(gpu_ns) AS gpu_ns, sum(launch_ns) AS launch_ns,
-       list(sample ORDER BY n DESC, input_dims NULLS LAST)[1] AS sample_runtime_event_id, max(steps) AS steps,
-       count(*) AS shapes,
-       (SELECT count(DISTINCT (op, input_dims)) FROM labelled) AS signatures,
-       (SELECT max(k) FROM (SELECT count(DISTINCT (op, input_dims)) AS k FROM labelled GROUP BY step_index))
-           AS step_signatures
-FROM sig GROUP BY op ORDER BY launches DESC, gpu_ns DESC, op LIMIT 5
+SELECT o.*, g.signatures, t.step_signatures
+FROM per_op o JOIN signatures g USING (run_id, device) JOIN step_signatures t USING (run_id, device)
+QUALIFY row_number() OVER (PARTITION BY o.run_id, o.device ORDER BY o.launches DESC, o.gpu_ns DESC, o.op) <= 5
+ORDER BY o.run_id, o.device, o.launches DESC, o.gpu_ns DESC, o.op
 """
 
 
@@ -266,34 +280,40 @@ def _measured_groups(con, ctx, run, params) -> list:
     return [g for g in taken if g.run_id == run.run_id]
 
 
-def reported_groups(con, ctx, run, params, graphed: bool) -> list[Group]:
-    """The run's step groups over every threshold, those with CUDA graph replays inside their steps
-    (graphed) or those without."""
-    window = _phases.window(con, ctx, run, params)
-    if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
-        return []
+def reported_groups(con, ctx, params, graphed: bool) -> list[tuple]:
+    """(run, Group) of every run's step groups over every threshold, in run order: those with CUDA
+    graph replays inside their steps (graphed) or those without. What launched each group's kernels
+    is read for every group in one statement."""
     found = []
-    for g in _measured_groups(con, ctx, run, params):
-        launches = int(g.launches or 0)
-        if launches < params["min_kernels"] or g.busy_share is None or bool(g.graph_launches) != graphed:
+    for run in ctx.runs:
+        window = _phases.window(con, ctx, run, params)
+        if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
             continue
-        idle = int(g.step_ns - g.busy_ns)
-        if (
-            g.busy_share >= params["max_busy_share"]
-            or g.launch_bound / launches < params["min_short_share"]
-            or (g.short_idle_share or 0) < params["min_short_idle_share"]
-            or idle < params["min_share"] * window
-        ):
-            continue
-        found.append((g, idle))
+        for g in _measured_groups(con, ctx, run, params):
+            launches = int(g.launches or 0)
+            if launches < params["min_kernels"] or g.busy_share is None or bool(g.graph_launches) != graphed:
+                continue
+            idle = int(g.step_ns - g.busy_ns)
+            if (
+                g.busy_share >= params["max_busy_share"]
+                or g.launch_bound / launches < params["min_short_share"]
+                or (g.short_idle_share or 0) < params["min_short_idle_share"]
+                or idle < params["min_share"] * window
+            ):
+                continue
+            found.append((run, g, idle, window))
     if not found:
         return []
-    run_graphs = ctx.graph_launches(run.run_id)
-    return [_group(con, ctx, run, params, g, idle, run_graphs, window) for g, idle in found]
+    ops: dict[tuple, list] = {}
+    for o in rows(con, OPS_SQL, {"runs": [r.run_id for r, *_ in found], "devices": [g.device for _, g, *_ in found]}):
+        ops.setdefault((o.run_id, o.device), []).append(o)
+    return [
+        (run, _group(con, ctx, run, params, g, idle, window, ops.get((run.run_id, g.device), [])))
+        for run, g, idle, window in found
+    ]
 
 
-def _group(con, ctx, run, params, g, idle, run_graphs, window) -> Group:
-    ops = rows(con, OPS_SQL, {"run_id": run.run_id, "device": g.device})
+def _group(con, ctx, run, params, g, idle, window, ops) -> Group:
     top_ops = [
         {
             "op": o.op,
@@ -311,7 +331,7 @@ def _group(con, ctx, run, params, g, idle, run_graphs, window) -> Group:
     return Group(
         row=g,
         idle_ns=idle,
-        run_graphs=int(run_graphs),
+        run_graphs=int(ctx.graph_launches(run.run_id)),
         top_ops=top_ops,
         code_path=ctx.code_path(top_ops[0]["sample_runtime_event_id"]) if top_ops else [],
         signatures=ops[0].signatures if ops else 0,

@@ -66,11 +66,10 @@ from tracekit.rules import _steps
     ),
 )
 def check(con, params, ctx):
-    for run in ctx.runs:
-        for group in _steps.reported_groups(con, ctx, run, params, graphed=True):
-            explained = _explain(group, ctx.workload(run.run_id))
-            finding = _steps.finding("G003", run, ctx, params, group, explained, "Graph-replaying", "eager launches")
-            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION))
+    for run, group in _steps.reported_groups(con, ctx, params, graphed=True):
+        explained = _explain(group, ctx.workload(run.run_id))
+        finding = _steps.finding("G003", run, ctx, params, group, explained, "Graph-replaying", "eager launches")
+        yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION))
 
 
 def _explain(group: _steps.Group, context) -> tuple[str, str]:

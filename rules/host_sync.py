@@ -103,18 +103,21 @@ CALLS_SQL = """
 SELECT * REPLACE (name_key(site) AS site)
 FROM steady_host_blocking($small_htod_bytes, all_phases := $all_phases)
 """
-# The run's repeated blocking call sites (thread, call, region, issuing op) over the thresholds; the op
-# is grouped by its name key as the region already is, so an annotation carrying a per-run id is one site
-# (the events keep the raw name). `copies` breaks a site's calls down by the copy they moved or waited for
-# (direction, source and destination memory), the kind that held the host longest first.
+# Each run's repeated blocking call sites (thread, call, region, issuing op) over the thresholds, run by
+# run ($windows: each run's window, which the share is of); the op is grouped by its name key as the
+# region already is, so an annotation carrying a per-run id is one site (the events keep the raw name).
+# `copies` breaks a site's calls down by the copy they moved or waited for (direction, source and
+# destination memory), the kind that held the host longest first.
 SITES_SQL = (
     """
-WITH calls AS MATERIALIZED (
-    SELECT * FROM """
+WITH windows AS (
+    SELECT unnest($run_ids) AS run_id, unnest($windows) AS window_ns
+), calls AS MATERIALIZED (
+    SELECT c.*, w.window_ns FROM """
     + CALLS_TABLE
-    + """ WHERE run_id = $run_id
+    + """ c JOIN windows w USING (run_id)
 ), sites AS (
-    SELECT pid, tid, call, region, site, any_value(blocking) AS blocking,
+    SELECT run_id, pid, tid, call, region, site, any_value(blocking) AS blocking,
            bool_or(critical_thread) AS critical_thread,
            count(*) AS calls, count(*) FILTER (WHERE charged_idle_ns > 0) AS charged_calls, sum(dur_ns) AS blocked_ns,
            sum(stalled_ns) AS stalled_ns, min(ts_ns) AS first_ns, max(end_ns) AS last_ns,
@@ -123,24 +126,25 @@ WITH calls AS MATERIALIZED (
              AS sample_event_ids,
            median(dur_ns) AS median_ns, sum(charged_idle_ns) AS gpu_idle_after_ns
     FROM calls
-    GROUP BY pid, tid, call, region, site
-    HAVING count(*) >= $min_calls AND greatest(sum(charged_idle_ns), sum(stalled_ns)) >= $min_share * $window
+    GROUP BY run_id, pid, tid, call, region, site
+    HAVING count(*) >= $min_calls
+       AND greatest(sum(charged_idle_ns), sum(stalled_ns)) >= $min_share * any_value(window_ns)
 ), kinds AS (
-    SELECT pid, tid, call, region, site, copy_direction AS direction, copy_src AS src, copy_dst AS dst,
+    SELECT run_id, pid, tid, call, region, site, copy_direction AS direction, copy_src AS src, copy_dst AS dst,
            count(*) AS calls, sum(copy_bytes) AS bytes, sum(copy_gpu_ns) AS gpu_ns, sum(dur_ns) AS blocked_ns
     FROM calls WHERE copy_direction IS NOT NULL
     GROUP BY ALL
 ), copies AS (
-    SELECT pid, tid, call, region, site,
+    SELECT run_id, pid, tid, call, region, site,
            list({'direction': direction, 'src': src, 'dst': dst, 'calls': calls, 'bytes': bytes, 'gpu_ns': gpu_ns}
                 ORDER BY blocked_ns DESC, direction, src, dst) AS copies
     FROM kinds GROUP BY ALL
 )
 SELECT s.*, c.copies
 FROM sites s
-LEFT JOIN copies c ON c.pid IS NOT DISTINCT FROM s.pid AND c.tid IS NOT DISTINCT FROM s.tid AND c.call = s.call
+LEFT JOIN copies c ON c.run_id = s.run_id AND c.pid IS NOT DISTINCT FROM s.pid AND c.tid IS NOT DISTINCT FROM s.tid AND c.call = s.call
   AND c.region IS NOT DISTINCT FROM s.region AND c.site = s.site
-ORDER BY greatest(s.gpu_idle_after_ns, s.stalled_ns) DESC, s.region, s.site, s.call
+ORDER BY s.run_id, greatest(s.gpu_idle_after_ns, s.stalled_ns) DESC, s.region, s.site, s.call
 """
 )
 
@@ -201,20 +205,30 @@ def check(con, params, ctx):
 
 
 def _findings(con, params, ctx):
+    windows = {}
     for run in ctx.runs:
         window = _phases.window(con, ctx, run, params)
-        if window <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
+        if window > 0 and not _phases.skip_run(con, ctx, run.run_id, params):
+            windows[run.run_id] = window
+    if not windows:
+        return
+    # every run's sites in one statement: per run, its planning cost more than its work on small ranks
+    by_run: dict[int, list] = {}
+    for site in rows(
+        con,
+        SITES_SQL,
+        {
+            "run_ids": list(windows),
+            "windows": list(windows.values()),
+            "min_calls": params["min_calls"],
+            "min_share": params["min_share"],
+        },
+    ):
+        by_run.setdefault(site.run_id, []).append(site)
+    for run in ctx.runs:
+        if run.run_id not in windows:
             continue
-        sites = rows(
-            con,
-            SITES_SQL,
-            {
-                "run_id": run.run_id,
-                "min_calls": params["min_calls"],
-                "min_share": params["min_share"],
-                "window": window,
-            },
-        )
+        window, sites = windows[run.run_id], by_run.get(run.run_id, [])
         gpu_doubted = any(c.caps_severity and quality.GPU_TIMELINE in c.affects for c in ctx.data_quality(run.run_id))
         for site in sites:
             left_out = _phases.run_left_out(con, ctx, run, params)

@@ -85,11 +85,10 @@ from tracekit.units import duration
     example=Example(("gpu_prefill_decode_eager.json.gz",)),
 )
 def check(con, params, ctx):
-    for run in ctx.runs:
-        for group in _steps.reported_groups(con, ctx, run, params, graphed=False):
-            explained = _explain(group, params, ctx.workload(run.run_id))
-            finding = _steps.finding("G002", run, ctx, params, group, explained, "Launch-bound")
-            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION))
+    for run, group in _steps.reported_groups(con, ctx, params, graphed=False):
+        explained = _explain(group, params, ctx.workload(run.run_id))
+        finding = _steps.finding("G002", run, ctx, params, group, explained, "Launch-bound")
+        yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE, quality.LAUNCH_ATTRIBUTION))
 
 
 def _explain(group: _steps.Group, params, context) -> tuple[str, str]:
