@@ -86,33 +86,44 @@ STREAM_SQL = "SELECT" + SUMMARY_COLUMNS + "FROM (" + GAPS_SQL + ") g\nWHERE devi
 GAPS_TABLE = "_g001_gaps"
 
 STREAMS_SQL = (
-    f"SELECT device, stream, {SUMMARY_COLUMNS} FROM {GAPS_TABLE} WHERE run_id = $run_id\n"
-    "GROUP BY device, stream ORDER BY device, stream"
+    f"SELECT run_id, device, stream, {SUMMARY_COLUMNS} FROM {GAPS_TABLE} WHERE list_contains($run_ids, run_id)\n"
+    "GROUP BY run_id, device, stream ORDER BY run_id, device, stream"
 )
+
+# The streams asked for: (run, device, stream) zipped from $runs, $devices and $streams.
+_ASKED = """asked AS (
+    SELECT unnest($runs) AS run_id, unnest($devices) AS device, unnest($streams) AS stream
+)"""
 
 # The next activity's kind and name are looked up for the listed gaps only: carried through the gap
 # table they make the busy-time lookup over every gap markedly slower on large traces.
 TOP_GAPS_SQL = f"""
-WITH top AS (
-    SELECT next_event_id, start_ns, end_ns, gap_ns, cause, runtime_event_id, runtime_name, other_busy_ns
-    FROM {GAPS_TABLE} WHERE run_id = $run_id AND device = $device AND stream = $stream
-    ORDER BY gap_ns DESC, next_event_id LIMIT $top
+WITH {_ASKED}, top AS (
+    SELECT g.run_id, g.device, g.stream, next_event_id, start_ns, end_ns, gap_ns, cause, runtime_event_id,
+           runtime_name, other_busy_ns
+    FROM {GAPS_TABLE} g SEMI JOIN asked a ON a.run_id = g.run_id AND a.device = g.device AND a.stream = g.stream
+    QUALIFY row_number() OVER (PARTITION BY g.run_id, g.device, g.stream ORDER BY gap_ns DESC, next_event_id) <= $top
 )
 SELECT top.*, e.kind AS next_kind, e.name AS next_name
-FROM top JOIN events e ON e.event_id = top.next_event_id ORDER BY gap_ns DESC, next_event_id
+FROM top JOIN events e ON e.event_id = top.next_event_id
+ORDER BY run_id, device, stream, gap_ns DESC, next_event_id
 """
 
 # Host gaps grouped by what launched the activity after them: the launching thread and the
 # runtime call's parent (the op or Python frame that issued the launch), by its name key, so a
 # site whose annotation carries a per-run id is one site.
-HOST_SITES_SQL = (
-    "SELECT g.launch_tid, name_key(coalesce(p.name, g.runtime_name)) AS site, count(*) AS gaps, sum(g.gap_ns) AS idle_ns,\n"
-    "       arg_max(g.runtime_event_id, g.gap_ns) AS worst_runtime_event_id\n"
-    f"FROM {GAPS_TABLE} g\n"
-    "LEFT JOIN events r ON r.event_id = g.runtime_event_id LEFT JOIN events p ON p.event_id = r.parent_id\n"
-    "WHERE g.run_id = $run_id AND g.device = $device AND g.stream = $stream AND g.cause = 'host'\n"
-    "GROUP BY ALL ORDER BY idle_ns DESC, site LIMIT 3"
-)
+HOST_SITES_SQL = f"""
+WITH {_ASKED}
+SELECT g.run_id, g.device, g.stream, g.launch_tid, name_key(coalesce(p.name, g.runtime_name)) AS site,
+       count(*) AS gaps, sum(g.gap_ns) AS idle_ns, arg_max(g.runtime_event_id, g.gap_ns) AS worst_runtime_event_id
+FROM {GAPS_TABLE} g
+SEMI JOIN asked a ON a.run_id = g.run_id AND a.device = g.device AND a.stream = g.stream
+LEFT JOIN events r ON r.event_id = g.runtime_event_id LEFT JOIN events p ON p.event_id = r.parent_id
+WHERE g.cause = 'host'
+GROUP BY g.run_id, g.device, g.stream, g.launch_tid, name_key(coalesce(p.name, g.runtime_name))
+QUALIFY row_number() OVER (PARTITION BY g.run_id, g.device, g.stream ORDER BY idle_ns DESC, site) <= 3
+ORDER BY g.run_id, g.device, g.stream, idle_ns DESC, site
+"""
 
 
 def build_gap_table(con, ctx, params) -> None:
@@ -123,21 +134,32 @@ def build_gap_table(con, ctx, params) -> None:
     )
 
 
-def stream_summaries(con, run_id: int, params) -> list:
-    """Per (device, stream) of the run: idle time by cause, exposed idle, gaps, the active window."""
-    return rows(con, STREAMS_SQL, {"run_id": run_id, "short_gap_ns": params["short_gap_ns"]})
+def stream_summaries(con, run_ids: list[int], params) -> dict[int, list]:
+    """Per run, per (device, stream): idle time by cause, exposed idle, gaps, the active window."""
+    out: dict[int, list] = {}
+    for s in rows(con, STREAMS_SQL, {"run_ids": run_ids, "short_gap_ns": params["short_gap_ns"]}):
+        out.setdefault(s.run_id, []).append(s)
+    return out
 
 
-def gaps_and_sites(con, ctx, run_id: int, where: dict, top: int) -> tuple[list[dict], list[dict]]:
-    """The stream's longest gaps, with the launch (call, op, code path) that ended each, and the
-    call sites whose launches ended the most host-caused idle time; the launches' ops and code
-    paths are looked up together."""
-    gaps = rows(con, TOP_GAPS_SQL, {"run_id": run_id, **where, "top": top})
-    found = rows(con, HOST_SITES_SQL, {"run_id": run_id, **where})
+def gaps_and_sites(con, ctx, streams: list[tuple], top: int) -> dict[tuple, tuple[list[dict], list[dict]]]:
+    """Per (run, device, stream) asked: its longest gaps, with the launch (call, op, code path) that
+    ended each, and the call sites whose launches ended the most host-caused idle time. Every stream's
+    rows come from one statement each, and the launches' ops and code paths are looked up together."""
+    if not streams:
+        return {}
+    asked = {
+        "runs": [r for r, _, _ in streams],
+        "devices": [d for _, d, _ in streams],
+        "streams": [s for *_, s in streams],
+    }
+    gaps = rows(con, TOP_GAPS_SQL, {**asked, "top": top})
+    found = rows(con, HOST_SITES_SQL, asked)
     launches = [g.runtime_event_id for g in gaps] + [h.worst_runtime_event_id for h in found]
     # the outermost op (aten::linear rather than aten::addmm) names the model code
     ops, paths = ctx.enclosing_ops(launches, outermost=True), ctx.code_paths(launches)
-    largest = []
+    pids = ctx.pids_of(h.worst_runtime_event_id for h in found)
+    out: dict[tuple, tuple[list[dict], list[dict]]] = {key: ([], []) for key in streams}
     for g in gaps:
         item = {
             "window_ns": [int(g.start_ns), int(g.end_ns)],
@@ -155,15 +177,14 @@ def gaps_and_sites(con, ctx, run_id: int, where: dict, top: int) -> tuple[list[d
                 "input_shapes": op.input_dims if op else None,
                 "code_path": paths[g.runtime_event_id],
             }
-        largest.append(item)
-    sites = []
+        out[g.run_id, g.device, g.stream][0].append(item)
     for h in found:
         worst = h.worst_runtime_event_id
         op = ops.get(worst)
-        sites.append(
+        out[h.run_id, h.device, h.stream][1].append(
             {
                 "tid": h.launch_tid,
-                "thread_name": ctx.thread_name(run_id, ctx.pid_of(worst), h.launch_tid) if worst is not None else None,
+                "thread_name": ctx.thread_name(h.run_id, pids.get(worst), h.launch_tid) if worst is not None else None,
                 "site": h.site,
                 "gaps": int(h.gaps),
                 "idle_ns": int(h.idle_ns),
@@ -172,4 +193,4 @@ def gaps_and_sites(con, ctx, run_id: int, where: dict, top: int) -> tuple[list[d
                 "sample_runtime_event_id": int(worst) if worst is not None else None,
             }
         )
-    return largest, sites
+    return out

@@ -68,7 +68,7 @@ from tracekit.engine import advice, quality
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
 from tracekit.engine.severity import by_share, share_params
-from tracekit.engine.toolkit import locality, one, user_frame
+from tracekit.engine.toolkit import locality, user_frame
 from tracekit.findings.model import Finding, Quantity
 from tracekit.rules import _idle_gaps, _phases
 from tracekit.units import duration
@@ -97,23 +97,33 @@ _CAUSE_LABELS = {"host": "host", "other_gpu": "other GPU work", "kernel_wait": "
 )
 def check(con, params, ctx):
     _idle_gaps.build_gap_table(con, ctx, params)
-    for run in ctx.runs:
-        if run.window_ns <= 0 or _phases.skip_run(con, ctx, run.run_id, params):
-            continue
-        streams = _idle_gaps.stream_summaries(con, run.run_id, params)
-        if not streams:
-            continue
-        graph_launches = ctx.graph_launches(run.run_id)
-        reported = [s for s in streams if _over_threshold(s, params)]
+    runs = [run for run in ctx.runs if run.window_ns > 0 and not _phases.skip_run(con, ctx, run.run_id, params)]
+    summaries = _idle_gaps.stream_summaries(con, [run.run_id for run in runs], params)
+    chosen = []  # (run, stream summary, the device's other reported streams)
+    for run in runs:
+        reported = [s for s in summaries.get(run.run_id, []) if _over_threshold(s, params)]
         # Exposed idle is device idle seen from a stream: streams of one device mostly report the same
         # idle time. One finding per device, on its busiest stream (the one whose next launch ends the
         # idle most often); the other streams go into the finding's details.
         for s in reported:
             same_device = [o for o in reported if o.device == s.device]
             if s is max(same_device, key=lambda o: (o.activities, -o.stream)):
-                others = [_stream_brief(o) for o in same_device if o is not s]
-                yield quality.qualify(ctx, _finding(con, ctx, run, params, s, graph_launches, others), _USES)
-        if not one(con, "SELECT EXISTS (SELECT 1 FROM launches WHERE run_id = ?) AS found", [run.run_id]).found:
+                chosen.append((run, s, [_stream_brief(o) for o in same_device if o is not s]))
+    # every chosen stream's gaps, sites and launch lookups together
+    details = _idle_gaps.gaps_and_sites(
+        con, ctx, [(run.run_id, s.device, s.stream) for run, s, _ in chosen], params["top_gaps"]
+    )
+    launched = {r for (r,) in con.execute("SELECT DISTINCT run_id FROM launches").fetchall()}
+    for run in runs:
+        if run.run_id not in summaries:
+            continue
+        graph_launches = ctx.graph_launches(run.run_id)
+        for chosen_run, s, others in chosen:
+            if chosen_run is run:
+                largest, sites = details[run.run_id, s.device, s.stream]
+                finding = _finding(con, ctx, run, params, s, graph_launches, others, largest, sites)
+                yield quality.qualify(ctx, finding, _USES)
+        if run.run_id not in launched:
             yield DataQuality(
                 "G001",
                 "gpu-idle: no runtime call correlates with GPU work (launches is empty), so no gap is "
@@ -225,9 +235,8 @@ def _in_window(con, context, run_id: int, s):
     return context._replace(data_loader_ns=int(within))
 
 
-def _finding(con, ctx, run, params, s, graph_launches, others):
+def _finding(con, ctx, run, params, s, graph_launches, others, largest, host_sites):
     where = {"device": s.device, "stream": s.stream}
-    largest, host_sites = _idle_gaps.gaps_and_sites(con, ctx, run.run_id, where, params["top_gaps"])
     idle, active = int(s.idle_ns), _active_ns(s)
     share, exposed_share = idle / active, s.exposed_ns / active
     split = {c: int(getattr(s, f"{c}_ns")) for c in _idle_gaps.CAUSES}

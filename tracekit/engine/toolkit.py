@@ -176,10 +176,17 @@ class Context:
         return self._flagged_checks[1]
 
     def thread_name(self, run_id: int, pid: int, tid: int) -> str | None:
-        row = self.con.execute(
-            "SELECT name FROM threads WHERE run_id = ? AND pid = ? AND tid = ?", [run_id, pid, tid]
-        ).fetchone()
-        return row[0] if row else None
+        """The thread's name, from the run's `threads` rows read once per analysis."""
+        names = self.once(
+            ("thread names", run_id),
+            lambda: {
+                (p, t): name
+                for p, t, name in self.con.execute(
+                    "SELECT pid, tid, name FROM threads WHERE run_id = ?", [run_id]
+                ).fetchall()
+            },
+        )
+        return names.get((pid, tid))
 
     def thread(self, run_id: int, pid: int | None, tid: int | None) -> dict:
         """The thread keys of a locality: pid, tid and the thread's name when both ids are known."""
@@ -187,8 +194,11 @@ class Context:
         return {"pid": pid, "tid": tid, "thread_name": name}
 
     def pid_of(self, event_id: int) -> int | None:
-        row = self.con.execute("SELECT pid FROM events WHERE event_id = ?", [event_id]).fetchone()
-        return row[0] if row else None
+        return self.pids_of([event_id]).get(event_id)
+
+    def pids_of(self, event_ids) -> dict[int, int | None]:
+        """The process of each event (None skipped), by rowid."""
+        return dict(self._rows_by_id(sorted({int(e) for e in event_ids if e is not None}), "pid"))
 
     def graph_launches(self, run_id: int) -> int:
         """CUDA graph replays in the run: their kernels share one launch call, which changes what
