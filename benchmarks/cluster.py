@@ -11,6 +11,9 @@ these runs as one fresh process pinned to `--cores` CPUs, timed spawn to exit, p
   `--workers 2` when `tracekit analyze --help` lists `--workers` (else "n/a: flag not available");
 - `tracekit analyze <largest rank file> --format json`: the one-rank reference for the memory a worker
   may take;
+- what a process holds before any trace, once: a ready Dask worker (tracekit's LocalCluster, the
+  modules a chunk task imports, an empty database) and a ready plain process, so the worker memory
+  can be compared with a one-rank analyze's above those floors too;
 - HTA 0.5 `TraceAnalysis(trace_dir=<set>)` for the `--hta-sizes` (it finds each file's rank from
   distributedInfo and parses the ranks in a process pool), checked to hold N ranks.
 
@@ -62,6 +65,25 @@ TRACEKIT_LOAD_CODE = (
     "assert n == int(sys.argv[2]), f'tracekit loaded {n} ranks of {sys.argv[2]}'\n"
 )
 
+# The memory a process holds before any trace: what a worker's peak and a one-rank analyze's peak
+# both start from. A worker ready to work (tracekit's own LocalCluster settings, the modules a chunk
+# task imports, an empty database with the schema), read by client.run; and a plain process with
+# tracekit's CLI modules, DuckDB and an empty database. Printed as MB.
+READY_WORKER_CODE = (
+    "import resource\n"
+    "from tracekit.cluster.backends import DaskBackend\n"
+    "def ready():\n"
+    "    import tracekit, tracekit.cluster.work, tracekit.cli.analyze\n"
+    "    tracekit.open().sql('SELECT count(*) FROM runs').fetchall()\n"
+    "    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024\n"
+    "with DaskBackend(workers=1) as backend:\n"
+    "    print(max(backend.client.run(ready).values()))\n"
+)
+READY_PROCESS_CODE = (
+    "import tracekit, tracekit.cluster.work, tracekit.cli.analyze\n"
+    "tracekit.open().sql('SELECT count(*) FROM runs').fetchall()\n"
+)
+
 # words a finding must use to name the injected cause, by the cell's kind
 CAUSE_WORDS = {
     "slow_compute": ("extra_compute", "compute"),
@@ -75,6 +97,23 @@ VARIANTS = [
     ("w1", "--workers 1", ["--workers", "1"]),
     ("w2", "--workers 2", ["--workers", "2"]),
 ]
+
+
+def ready_floors(args) -> tuple[float | None, float | None]:
+    """(MB of a ready worker, MB of a ready process): READY_WORKER_CODE and READY_PROCESS_CODE, each
+    in a fresh process pinned to `--cores` CPUs; None where one failed."""
+    python = os.path.join(os.path.dirname(run.TRACEKIT), "python")
+    cpus = sorted(os.sched_getaffinity(0))[: args.cores]
+    done = subprocess.run(
+        [python, "-c", READY_WORKER_CODE], capture_output=True, text=True, timeout=300,
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+    )  # fmt: skip
+    try:
+        worker = float(done.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        worker = None
+    process = run.measure([python, "-c", READY_PROCESS_CODE], args.cores, 300).rss
+    return worker, (process / 1e6 if process else None)
 
 
 def analyze_flags() -> set[str]:
@@ -443,6 +482,7 @@ def targets(rows, args, large=None):
             f"- worker peak RSS <= {TARGET_WORKER_RSS}x a one-rank analyze of the largest rank file, every size: "
             f"{verdict(worst[2] <= TARGET_WORKER_RSS)} (worst {worst[2]:.2f}x at {worst[0]} ranks)"
         )
+        lines += above_floors(rows, getattr(args, "floors", (None, None)))
     else:
         lines.append("- worker peak RSS bounded by the largest rank file: n/a (no per-worker RSS in the report)")
     if large is not None:
@@ -503,6 +543,28 @@ def load_average():
         return " / ".join(f.read().split()[:3])
 
 
+def above_floors(rows, floors) -> list[str]:
+    """The same comparison without what both processes hold before any trace (`ready_floors`)."""
+    worker, process = floors
+    if not worker or not process:
+        return ["- memory above a ready process: n/a (the floors could not be measured)"]
+    checks = []
+    for row in rows:
+        one = row["res"]["one"].rss
+        for k in ("w1", "w2"):
+            wrss = row["cluster"].get(k, (None, None))[0]
+            if wrss is not None and one and one / 1e6 > process:
+                checks.append((row["n"], (wrss - worker) / (one / 1e6 - process)))
+    if not checks:
+        return []
+    worst = max(checks, key=lambda c: c[1])
+    return [
+        f"- the same above what each holds before any trace (a ready worker: {worker:.0f} MB, with Dask, "
+        f"tracekit, DuckDB and an empty database; a ready process: {process:.0f} MB), no target: worst "
+        f"{worst[1]:.2f}x at {worst[0]} ranks"
+    ]
+
+
 def main():
     ap = argparse.ArgumentParser(description="tracekit on many ranks, HTA beside it")
     ap.add_argument("--sizes", type=int, nargs="+", default=DEFAULT_SIZES, help="rank counts")
@@ -546,6 +608,7 @@ def main():
     if args.hta_sizes and not args.hta_error:
         run.measure([run.HTA_PY, "-c", HTA_DIR_CODE, desc["folder"], str(small)], args.cores, args.hta_timeout)
 
+    args.floors = ready_floors(args) if "--workers" in flags else (None, None)
     rows = [run_size(n, args, flags, r_rules) for n in args.sizes]
     large = run_large(args) if args.large_ranks and "--workers" in flags else None
     gpu = run_gpu(args) if args.gpu_ranks and "--workers" in flags else None
