@@ -99,25 +99,30 @@ ORDER BY depth DESC, event_id
 GROUP_KEYS = ("collective", "process_group", "dtype", "in_nelems", "out_nelems", "group_size")
 
 
-def per_kernel(con, ctx, sql_params: dict) -> list:
-    """The comm kernels of one (run, device) with their overlapped and exposed time: the rows the
-    evidence SQL aggregates, so the finding's numbers equal the evidence exactly."""
-    sql = _phases.in_rule(con, ctx, PER_KERNEL_SQL)
-    return rows(con, f"SELECT * FROM ({sql}) ORDER BY start_ns, event_id", sql_params)
+def _rewritten(sql: str, *changes: tuple[str, str]) -> str:
+    """`sql` with each (old, new) replaced, every old text required to be there."""
+    for old, new in changes:
+        if old not in sql:
+            raise RuntimeError(f"cannot derive a query: {old!r} is not in it")
+        sql = sql.replace(old, new)
+    return sql
 
 
 # PER_KERNEL_SQL for every device of several runs at once ($run_ids), each row with its `lane` (the
 # device): the union and the overlap are per (run, device) either way, so each device's rows are
-# those PER_KERNEL_SQL gives it, and the statement is planned once rather than once per device.
-PER_KERNEL_OF_RUNS_SQL = PER_KERNEL_SQL.replace(
-    "run_id = $run_id AND device = $device", "list_contains($run_ids, run_id)"
-).replace(
-    "SELECT * EXCLUDE (lane, busy_ns), busy_ns AS overlapped_ns", "SELECT * EXCLUDE (busy_ns), busy_ns AS overlapped_ns"
+# those PER_KERNEL_SQL (the evidence's) gives it, and the statement is planned once rather than once
+# per device.
+PER_KERNEL_OF_RUNS_SQL = _rewritten(
+    PER_KERNEL_SQL,
+    ("run_id = $run_id AND device = $device", "list_contains($run_ids, run_id)"),
+    ("SELECT * EXCLUDE (lane, busy_ns), busy_ns AS", "SELECT * EXCLUDE (busy_ns), busy_ns AS"),
 )
 
 
 def per_kernel_of_runs(con, ctx, run_ids: list[int], memcpy_is_compute: bool, all_phases: bool) -> dict:
-    """`per_kernel` of every (run, device) of these runs, by (run, device), from one statement."""
+    """The comm kernels of every (run, device) of these runs with their overlapped and exposed time,
+    by (run, device), from one statement: per device, the rows the evidence SQL aggregates, so the
+    finding's numbers equal the evidence exactly."""
     sql = _phases.in_rule(con, ctx, PER_KERNEL_OF_RUNS_SQL)
     out: dict[tuple[int, int], list] = {}
     for k in rows(

@@ -130,7 +130,9 @@ FROM grouped g
 # The same for several runs at once ($run_ids): one statement for every run of an analysis, whose
 # planning costs as much as one run's execution on a small trace (64 GPU ranks: 28 ms a run, half of
 # it planning). Each row is of one run (`run_id`), as the per-run statement gives it.
-GROUPS_OF_RUNS_SQL = re.sub(r"([\w.]*run_id) = \$run_id", r"list_contains($run_ids, \1)", GROUPS_SQL)
+GROUPS_OF_RUNS_SQL, _filters = re.subn(r"([\w.]*run_id) = \$run_id", r"list_contains($run_ids, \1)", GROUPS_SQL)
+if _filters != 5 or re.search(r"\$run_id\b", GROUPS_OF_RUNS_SQL):  # a filter left out would mix runs
+    raise RuntimeError(f"GROUPS_OF_RUNS_SQL: {_filters} run filters rewritten, 5 expected")
 
 GROUPS_TABLE = "_k002_groups"
 

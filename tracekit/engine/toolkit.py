@@ -254,18 +254,16 @@ class Context:
         """(event id, frame name) of the frames around each target of one run, innermost first."""
         values = ", ".join(f"({int(e)}, {int(p)}, {int(t)}, {int(s)}, {int(n)})" for e, p, t, s, n in targets)
         # frames cut at the trace's end can share a depth: of those, the later start is the inner one
+        inner_first = "CASE WHEN f.ph = 'X' THEN coalesce(f.depth, 0) END DESC, f.ts_ns DESC, f.rowid DESC"
         return self.con.execute(
             f"""
-                WITH target(event_id, pid, tid, ts_ns, end_ns) AS (VALUES {values})
-                SELECT t.event_id, f.name FROM target t JOIN event_rows f ON f.pid = t.pid AND f.tid = t.tid
-                WHERE f.run_id = ? AND f.kind = 'python_function'
-                  AND f.ts_ns <= t.ts_ns AND f.ts_ns + coalesce(f.dur_ns, 0) >= t.end_ns
-                QUALIFY row_number() OVER (
-                    PARTITION BY t.event_id
-                    ORDER BY CASE WHEN f.ph = 'X' THEN coalesce(f.depth, 0) END DESC, f.ts_ns DESC, f.rowid DESC
-                ) <= ?
-                ORDER BY t.event_id, CASE WHEN f.ph = 'X' THEN coalesce(f.depth, 0) END DESC, f.ts_ns DESC, f.rowid DESC
-                """,
+            WITH target(event_id, pid, tid, ts_ns, end_ns) AS (VALUES {values})
+            SELECT t.event_id, f.name FROM target t JOIN event_rows f ON f.pid = t.pid AND f.tid = t.tid
+            WHERE f.run_id = ? AND f.kind = 'python_function'
+              AND f.ts_ns <= t.ts_ns AND f.ts_ns + coalesce(f.dur_ns, 0) >= t.end_ns
+            QUALIFY row_number() OVER (PARTITION BY t.event_id ORDER BY {inner_first}) <= ?
+            ORDER BY t.event_id, {inner_first}
+            """,
             [run_id, limit],
         ).fetchall()
 
