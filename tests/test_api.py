@@ -275,3 +275,18 @@ def test_a_list_of_paths_opens_as_its_items():
         assert len(mixed.runs) == 2
     with pytest.raises(TracekitError, match="inputs are paths .*got int: 3"):
         tracekit.open([ranks[0], 3])
+
+
+def test_a_read_only_database_is_analysed_as_a_writable_one(tmp_path):
+    """A read-only database can attach no in-memory catalog for the analysis's shared tables: they are
+    temporary tables there, read on one thread, and the findings are those of the writable file."""
+    path = tmp_path / "tp2.duckdb"
+    ranks = [sample("gpu_tp2_rank0.json.gz"), sample("gpu_tp2_rank1.json.gz")]
+    with tracekit.open(*ranks, db=path) as trace:
+        written = trace.finding_records()
+    with tracekit.open(path, read_only=True) as trace:
+        assert trace.finding_records() == written
+        assert trace.sql(
+            "SELECT count(*) FROM duckdb_databases() WHERE database_name LIKE 'tk_shared%'"
+        ).fetchall() == [(0,)]
+    assert {r["rule"] for r in written} >= {"C001", "G001"}

@@ -93,7 +93,7 @@ def _run(con, shared, rules: list[Rule], params: dict[str, dict], timings: dict[
         tasks.append((QUALITY, lambda c, x: ([], quality.notes(x))))
     for rule in rules:
         tasks.append((rule.code, lambda c, x, rule=rule: _run_one(c, rule, params, x, present)))
-    threads = min(rule_threads(timings[SHARED]), len(tasks)) if shared.views else 1
+    threads = min(rule_threads(timings[SHARED]), len(tasks)) if shared.views and shared.shareable else 1
     if threads <= 1:
         results = [_timed(task, con, ctx, timings) for task in tasks]
         if then is not None:

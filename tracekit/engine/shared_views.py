@@ -64,7 +64,8 @@ _active_lock = threading.Lock()
 
 class Shared:
     """The shared tables of one analysis: which views they hold, in which catalog, and how another
-    connection of the same database reads them."""
+    connection of the same database reads them. `catalog` None: the tables are temporary tables of
+    `con` (a read-only database can attach no catalog), which no other connection sees."""
 
     def __init__(self, con, catalog: str | None, views: tuple[str, ...]):
         self.con = con
@@ -79,10 +80,18 @@ class Shared:
             ).fetchall()
         ]
 
+    @property
+    def shareable(self) -> bool:
+        """Whether another connection can read the tables (`cursor`)."""
+        return self.catalog is not None or not self.views
+
     def cursor(self):
         """A new connection to the same database, with this connection's own settings and the shared
         tables under the views' names. Close it before the analysis ends."""
         import duckdb
+
+        if not self.shareable:
+            raise RuntimeError("the shared tables are temporary tables of one connection")
 
         from tracekit.db.connection import cursor
 
@@ -94,12 +103,17 @@ class Shared:
         # would print one on analyze's stderr
         cur.execute("SET enable_progress_bar = false")
         for view in self.views:
-            cur.execute(_reader(self.catalog, view))
+            cur.execute(_reader(_table(self.catalog, view), view))
         return cur
 
 
-def _reader(catalog: str, view: str) -> str:
-    return f'CREATE OR REPLACE TEMP VIEW "{view}" AS SELECT * FROM "{catalog}".main."{view}"'
+def _table(catalog: str | None, view: str) -> str:
+    """Where the table of `view` is: in the analysis's catalog, else a temporary table of the connection."""
+    return f'"{catalog}".main."{view}"' if catalog else f'temp.main."tk_shared_{view}"'
+
+
+def _reader(table: str, view: str) -> str:
+    return f'CREATE OR REPLACE TEMP VIEW "{view}" AS SELECT * FROM {table}'
 
 
 @contextlib.contextmanager
@@ -121,8 +135,11 @@ def computed_once(con, ranks: bool | None = None):
             "SELECT view_name FROM duckdb_views() WHERE database_name = ? AND schema_name = 'main'", [home]
         ).fetchall()
     }
-    catalog = f"tk_shared_{next(_catalog_numbers)}"
-    con.execute(f"ATTACH ':memory:' AS {catalog}")
+    catalog: str | None = f"tk_shared_{next(_catalog_numbers)}"
+    try:
+        con.execute(f"ATTACH ':memory:' AS {catalog}")
+    except duckdb.Error:  # a read-only database attaches nothing: temporary tables, on this connection only
+        catalog = None
     made: list[str] = []
     if ranks is None:
         ranks = con.execute(HAS_JOB_SQL).fetchone()[0]
@@ -132,10 +149,10 @@ def computed_once(con, ranks: bool | None = None):
             if view not in present:
                 continue
             try:
-                con.execute(f'CREATE TABLE {catalog}.main."{view}" AS SELECT * FROM "{home}".main."{view}"')
+                con.execute(f'CREATE TABLE {_table(catalog, view)} AS SELECT * FROM "{home}".main."{view}"')
             except duckdb.Error:  # e.g. out of memory on a huge trace: the rules read the view instead
                 continue
-            con.execute(_reader(catalog, view))
+            con.execute(_reader(_table(catalog, view), view))
             made.append(view)
         shared = Shared(con, catalog, tuple(made))
         with _active_lock:
@@ -146,4 +163,7 @@ def computed_once(con, ranks: bool | None = None):
             _active.pop(id(con), None)
         for view in reversed(made):
             con.execute(f'DROP VIEW IF EXISTS temp.main."{view}"')
-        con.execute(f"DETACH {catalog}")
+            if catalog is None:
+                con.execute(f"DROP TABLE IF EXISTS {_table(None, view)}")
+        if catalog is not None:
+            con.execute(f"DETACH {catalog}")
