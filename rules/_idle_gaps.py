@@ -98,11 +98,16 @@ _ASKED = """asked AS (
 # The next activity's kind and name are looked up for the listed gaps only: carried through the gap
 # table they make the busy-time lookup over every gap markedly slower on large traces.
 TOP_GAPS_SQL = f"""
-WITH {_ASKED}, top AS (
-    SELECT g.run_id, g.device, g.stream, next_event_id, start_ns, end_ns, gap_ns, cause, runtime_event_id,
-           runtime_name, other_busy_ns
+WITH {_ASKED}, tops AS (
+    -- a top-N aggregate keeps N rows a stream as it scans: a window over the gaps would sort them all
+    SELECT g.run_id, g.device, g.stream,
+           arg_max({{'next_event_id': next_event_id, 'start_ns': start_ns, 'end_ns': end_ns, 'gap_ns': gap_ns,
+                     'cause': cause, 'runtime_event_id': runtime_event_id, 'runtime_name': runtime_name,
+                     'other_busy_ns': other_busy_ns}}, (gap_ns, -next_event_id), $top) AS top
     FROM {GAPS_TABLE} g SEMI JOIN asked a ON a.run_id = g.run_id AND a.device = g.device AND a.stream = g.stream
-    QUALIFY row_number() OVER (PARTITION BY g.run_id, g.device, g.stream ORDER BY gap_ns DESC, next_event_id) <= $top
+    GROUP BY g.run_id, g.device, g.stream
+), top AS (
+    SELECT run_id, device, stream, unnest(top, recursive := true) FROM tops
 )
 SELECT top.*, e.kind AS next_kind, e.name AS next_name
 FROM top JOIN events e ON e.event_id = top.next_event_id
