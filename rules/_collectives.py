@@ -85,14 +85,17 @@ WHERE list_contains($run_ids, run_id)
 # it), innermost first: e.g. cudaLaunchKernel < nccl:all_reduce < record_param_comms <
 # c10d::allreduce_ < the module or autograd op that called it.
 LAUNCH_CHAIN_SQL = """
-WITH l AS (SELECT event_id, run_id, pid, tid, ts_ns, end_ns, name FROM runtime_calls WHERE event_id = $launch_event_id)
-SELECT l.event_id, 'launch' AS kind, l.name, NULL AS input_dims, 1000000 AS depth FROM l
+WITH l AS (
+    SELECT event_id, run_id, pid, tid, ts_ns, end_ns, name FROM runtime_calls
+    WHERE list_contains($launch_event_ids, event_id)
+)
+SELECT l.event_id AS launch_event_id, l.event_id, 'launch' AS kind, l.name, NULL AS input_dims, 1000000 AS depth FROM l
 UNION ALL
-SELECT e.event_id, e.kind, e.name, CAST(coalesce(e.args->'Input Dims', e.args->'Input dims') AS VARCHAR), e.depth
-FROM events e, l
-WHERE e.run_id = l.run_id AND e.pid = l.pid AND e.tid = l.tid AND e.kind IN ('cpu_op', 'user_annotation')
-  AND e.ts_ns <= l.ts_ns AND e.end_ns >= l.end_ns
-ORDER BY depth DESC, event_id
+SELECT l.event_id, e.event_id, e.kind, e.name, CAST(coalesce(e.args->'Input Dims', e.args->'Input dims') AS VARCHAR),
+       e.depth
+FROM events e JOIN l ON e.run_id = l.run_id AND e.pid = l.pid AND e.tid = l.tid
+WHERE e.kind IN ('cpu_op', 'user_annotation') AND e.ts_ns <= l.ts_ns AND e.end_ns >= l.end_ns
+ORDER BY launch_event_id, depth DESC, event_id
 """
 
 # What makes two comm kernels one collective in the finding's details (beside kernel name and stream).
@@ -263,18 +266,28 @@ def collective_groups(kernels: list, cross, top_n: int) -> tuple[list[dict], dic
     return top, stream_exposed
 
 
-def launcher(con, ctx, kernel) -> dict:
-    """Who launched a comm kernel (the worst instance of the top collective): the call, the nccl
-    annotation, the collective op and the outermost op on the thread, the Python frames."""
-    launch = kernel.launch_event_id
-    chain = rows(con, LAUNCH_CHAIN_SQL, {"launch_event_id": launch}) if launch is not None else []
-    ops = [c for c in chain if c.kind == "cpu_op" and c.name != "record_param_comms"]
-    return {
-        "launch_event_id": launch,
-        "call": chain[0].name if chain else None,
-        "annotation": kernel.annotation,
-        "op": ops[0] if ops else None,  # the collective op (c10d::allreduce_) or whatever op issued the launch
-        "outer": ops[-1] if ops else None,  # the outermost op on the thread: the model code's entry point
-        "code_path": ctx.code_path(launch),
-        "collective": kernel.collective,
-    }
+def launchers(con, ctx, kernels: list) -> dict[int, dict]:
+    """Who launched each of these comm kernels (the worst instance of a finding's top collective), by
+    the kernel's event id: the call, the nccl annotation, the collective op and the outermost op on the
+    thread, the Python frames. The kernels' launch chains and code paths are read together."""
+    launches = [k.launch_event_id for k in kernels if k.launch_event_id is not None]
+    chains: dict[int, list] = {}
+    if launches:
+        for c in rows(con, LAUNCH_CHAIN_SQL, {"launch_event_ids": launches}):
+            chains.setdefault(c.launch_event_id, []).append(c)
+    paths = ctx.code_paths(launches)
+    out = {}
+    for kernel in kernels:
+        launch = kernel.launch_event_id
+        chain = chains.get(launch, [])
+        ops = [c for c in chain if c.kind == "cpu_op" and c.name != "record_param_comms"]
+        out[kernel.event_id] = {
+            "launch_event_id": launch,
+            "call": chain[0].name if chain else None,
+            "annotation": kernel.annotation,
+            "op": ops[0] if ops else None,  # the collective op (c10d::allreduce_) or whatever op issued the launch
+            "outer": ops[-1] if ops else None,  # the outermost op on the thread: the model code's entry point
+            "code_path": paths.get(launch, []) if launch is not None else [],
+            "collective": kernel.collective,
+        }
+    return out

@@ -73,6 +73,8 @@ with an all-reduce as the transfer, overlapped steps faster and slower than the 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tracekit.engine import advice, quality
 from tracekit.engine.phrases import rerun
 from tracekit.engine.registry import DataQuality, Example, Param, rule
@@ -128,6 +130,7 @@ def check(con, params, ctx):
     per_device = _collectives.per_kernel_of_runs(
         con, ctx, sorted({d.run_id for d in comm_devices}), bool(params["memcpy_is_compute"]), params["all_phases"]
     )
+    reported = []
     for d in comm_devices:
         run = ctx.run(d.run_id)
         window = _phases.window(con, ctx, run, params)
@@ -151,28 +154,73 @@ def check(con, params, ctx):
             waits = cross.get(d.run_id)
             if ctx.on_npu(d.run_id):  # only HCCL records its waits inside the collective
                 waits = _collectives.with_own_waits(con, d.run_id, waits)
-            finding = _finding(con, ctx, run, d.device, params, sql_params, waits, kernels, window)
-            yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
+            groups = _collectives.collective_groups(kernels, waits, params["top_collectives"])
+            worst = next(k for k in kernels if k.event_id == groups[0][0]["worst_event_id"])
+            reported.append((run, d.device, sql_params, waits, kernels, window, groups, worst))
+    if not reported:
+        return
+    # what every finding looks up, read for all of them together: a query each per finding cost more
+    # in planning than in work on a database of many ranks
+    run_ids = sorted({run.run_id for run, *_ in reported})
+    compute_streams = {
+        (r.run_id, r.device): set(r.streams) for r in rows(con, COMPUTE_STREAMS_SQL, {"run_ids": run_ids})
+    }
+    steady_busy = (
+        {}
+        if params["all_phases"]
+        else {
+            (r.run_id, r.device): int(r.busy_ns)
+            for r in rows(
+                con, STEADY_BUSY_SQL.replace("{phases}", _phases.phases_table(con, ctx)), {"run_ids": run_ids}
+            )
+        }
+    )
+    launched_by = _collectives.launchers(con, ctx, [worst for *_, worst in reported])
+    for run, device, sql_params, waits, kernels, window, groups, worst in reported:
+        looked_up = _LookedUp(
+            compute_streams.get((run.run_id, device), set()),
+            launched_by[worst.event_id],
+            steady_busy.get((run.run_id, device), 0),
+        )
+        finding = _finding(con, ctx, run, device, params, sql_params, waits, kernels, window, groups, looked_up)
+        yield quality.qualify(ctx, finding, (quality.GPU_TIMELINE,))
 
 
-# The device's GPU busy time inside the run's steady pieces (`run_phases`, read from this analysis's
-# table): with the steady time it gives the idle time that C001 weighs exposed communication against.
+# Each device's GPU busy time inside its run's steady pieces (`run_phases`, read from this analysis's
+# table), for the runs $run_ids: with the steady time it gives the idle time that C001 weighs exposed
+# communication against.
 STEADY_BUSY_SQL = """
-SELECT coalesce(sum(least(b.end_ns, p.end_ns) - greatest(b.start_ns, p.start_ns)), 0) AS busy_ns
+SELECT b.run_id, b.device, coalesce(sum(least(b.end_ns, p.end_ns) - greatest(b.start_ns, p.start_ns)), 0) AS busy_ns
 FROM gpu_busy b JOIN {phases} p ON p.run_id = b.run_id AND p.phase = 'steady'
  AND b.start_ns < p.end_ns AND b.end_ns > p.start_ns
-WHERE b.run_id = $run_id AND b.device = $device
+WHERE list_contains($run_ids, b.run_id)
+GROUP BY b.run_id, b.device
+"""
+
+# The streams each device of the runs $run_ids ran compute (not communication) kernels on.
+COMPUTE_STREAMS_SQL = """
+SELECT run_id, device, list(DISTINCT stream) AS streams FROM kernels
+WHERE NOT is_communication AND list_contains($run_ids, run_id)
+GROUP BY run_id, device
 """
 
 
-def _idle_to_exposed(con, ctx, run, device: int, window: int, exposed: int, params) -> float | None:
+@dataclass(frozen=True)
+class _LookedUp:
+    """What a finding reads beside its kernels: the device's compute streams, the launcher of its worst
+    kernel (`_collectives.launchers`) and the device's GPU busy time in the steady time."""
+
+    compute_streams: set
+    launcher: dict
+    steady_busy_ns: int
+
+
+def _idle_to_exposed(window: int, exposed: int, steady_busy_ns: int, params) -> float | None:
     """The device's idle time in the measured window over its exposed communication; None when nothing
     is exposed or every phase is measured (then there is no steady split to weigh against)."""
     if not exposed or params["all_phases"]:
         return None
-    phases = _phases.phases_table(con, ctx)
-    busy = one(con, STEADY_BUSY_SQL.replace("{phases}", phases), {"run_id": run.run_id, "device": device}).busy_ns
-    return max(window - int(busy), 0) / exposed
+    return max(window - steady_busy_ns, 0) / exposed
 
 
 def _unrecognised_collectives(con, ctx, world, with_comm):
@@ -272,21 +320,16 @@ def _explain(
     )
 
 
-def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
+def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window, groups, looked_up: _LookedUp):
     comm = int(sum(k.dur_ns for k in kernels))
     exposed = int(sum(k.exposed_ns for k in kernels))
     overlapped = int(sum(k.overlapped_ns for k in kernels))
     overlap_pct = 100.0 * overlapped / comm
     share = exposed / window
-    compute_streams = {
-        r.stream for r in rows(
-            con, "SELECT DISTINCT stream FROM kernels WHERE run_id = ? AND device = ? AND NOT is_communication",
-            [run.run_id, device],
-        )
-    }  # fmt: skip
-    top, stream_exposed = _collectives.collective_groups(kernels, cross, params["top_collectives"])
+    compute_streams = looked_up.compute_streams
+    top, stream_exposed = groups
     worst = top[0]
-    launcher = _collectives.launcher(con, ctx, next(k for k in kernels if k.event_id == worst["worst_event_id"]))
+    launcher = looked_up.launcher
     comm_stream = max(stream_exposed, key=lambda s: (stream_exposed[s], -s))
     comm_streams = sorted(stream_exposed)
     shared_streams = sorted(compute_streams & set(comm_streams))
@@ -357,7 +400,7 @@ def _finding(con, ctx, run, device, params, sql_params, cross, kernels, window):
         severity = "critical"
     else:
         severity = "warning" if share >= params["min_exposed_share"] else "info"
-    bound_elsewhere = _idle_to_exposed(con, ctx, run, device, window, exposed, params)
+    bound_elsewhere = _idle_to_exposed(window, exposed, looked_up.steady_busy_ns, params)
     caveats = [note] if note else []
     if bound_elsewhere is not None and bound_elsewhere > params["max_idle_to_exposed"]:
         # hiding the collective cannot shorten a step whose GPU mostly waits for something else
