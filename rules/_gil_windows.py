@@ -98,10 +98,11 @@ GROUP BY op, native HAVING count(*) >= $min_windows ORDER BY total_ns DESC, op
 
 # Threads with Python activity, with their activity starts and active span (their own event rate).
 THREADS_SQL = f"""
-SELECT pid, tid, count(*) FILTER (WHERE kind = 'python_function') AS python_events, count(*) AS starts,
+SELECT run_id, pid, tid, count(*) FILTER (WHERE kind = 'python_function') AS python_events, count(*) AS starts,
        max(ts_ns) - min(ts_ns) AS active_ns
-FROM events WHERE run_id = $run_id AND kind IN {ACTIVITY_KINDS} AND pid IS NOT NULL AND tid IS NOT NULL
-GROUP BY ALL HAVING count(*) FILTER (WHERE kind = 'python_function') >= $min_thread_events ORDER BY pid, tid
+FROM events
+WHERE list_contains($run_ids, run_id) AND kind IN {ACTIVITY_KINDS} AND pid IS NOT NULL AND tid IS NOT NULL
+GROUP BY ALL HAVING count(*) FILTER (WHERE kind = 'python_function') >= $min_thread_events ORDER BY run_id, pid, tid
 """
 
 # The evidence query: one row of numbers for the windows of ops $window_ops on thread A against thread B.
@@ -191,8 +192,12 @@ def entry_frame(con, run_id: int, pid: int, tid: int) -> str | None:
     return found.name if found else None
 
 
-def threads(con, run_id: int, params) -> list:
-    return rows(con, THREADS_SQL, {"run_id": run_id, "min_thread_events": params["min_thread_events"]})
+def threads(con, run_ids: list[int], params) -> dict[int, list]:
+    """The Python threads of each run worth testing, in one statement for every run."""
+    out: dict[int, list] = {}
+    for t in rows(con, THREADS_SQL, {"run_ids": run_ids, "min_thread_events": params["min_thread_events"]}):
+        out.setdefault(t.run_id, []).append(t)
+    return out
 
 
 def units(con, run_id: int, params) -> dict[tuple, str]:
@@ -274,11 +279,14 @@ class Pair:
         return self.row.rate_ratio if self.row.rate_ratio is not None else 1.0
 
 
-def pairs(con, run_id: int, params) -> list[Pair]:
-    """For every ordered pair of Python threads of one process: the window ops of A that starve B,
-    measured together (or, when none does, the op with the most window time, not significant)."""
+def pairs(con, run_id: int, params, checked: list) -> list[Pair]:
+    """For every ordered pair of the run's Python threads `checked` (`threads`) of one process: the
+    window ops of A that starve B, measured together (or, when none does, the op with the most window
+    time, not significant)."""
+    pids = [t.pid for t in checked]
+    if len(set(pids)) == len(pids):  # no process with two threads: no pair, nothing more to read
+        return []
     unit_names = units(con, run_id, params)
-    checked = threads(con, run_id, params)
     found = []
     for a in checked:
         for b in checked:

@@ -136,8 +136,9 @@ ACCEPTED_RATIO = 0.8
     example=Example(("gil_hold.json.gz",)),
 )
 def check(con, params, ctx):
+    checked = _gil_windows.threads(con, [run.run_id for run in ctx.runs], params)
     for run in ctx.runs:
-        pairs = _gil_windows.pairs(con, run.run_id, params)
+        pairs = _gil_windows.pairs(con, run.run_id, params, checked.get(run.run_id, []))
         strength = {(p.pid, p.window_tid, p.starved_tid): p.strength for p in pairs if p.stats["significant"]}
         for pair in pairs:
             reverse = strength.get((pair.pid, pair.starved_tid, pair.window_tid))
