@@ -99,7 +99,7 @@ def check(con, params, ctx):
     _idle_gaps.build_gap_table(con, ctx, params)
     runs = [run for run in ctx.runs if run.window_ns > 0 and not _phases.skip_run(con, ctx, run.run_id, params)]
     summaries = _idle_gaps.stream_summaries(con, [run.run_id for run in runs], params)
-    chosen = []  # (run, stream summary, the device's other reported streams)
+    chosen: dict[int, list] = {}  # run -> (stream summary, the device's other reported streams)
     for run in runs:
         reported = [s for s in summaries.get(run.run_id, []) if _over_threshold(s, params)]
         # Exposed idle is device idle seen from a stream: streams of one device mostly report the same
@@ -108,21 +108,19 @@ def check(con, params, ctx):
         for s in reported:
             same_device = [o for o in reported if o.device == s.device]
             if s is max(same_device, key=lambda o: (o.activities, -o.stream)):
-                chosen.append((run, s, [_stream_brief(o) for o in same_device if o is not s]))
+                chosen.setdefault(run.run_id, []).append((s, [_stream_brief(o) for o in same_device if o is not s]))
     # every chosen stream's gaps, sites and launch lookups together
-    details = _idle_gaps.gaps_and_sites(
-        con, ctx, [(run.run_id, s.device, s.stream) for run, s, _ in chosen], params["top_gaps"]
-    )
+    asked = [(run_id, s.device, s.stream) for run_id, streams in chosen.items() for s, _ in streams]
+    details = _idle_gaps.gaps_and_sites(con, ctx, asked, params["top_gaps"])
     launched = {r for (r,) in con.execute("SELECT DISTINCT run_id FROM launches").fetchall()}
     for run in runs:
         if run.run_id not in summaries:
             continue
         graph_launches = ctx.graph_launches(run.run_id)
-        for chosen_run, s, others in chosen:
-            if chosen_run is run:
-                largest, sites = details[run.run_id, s.device, s.stream]
-                finding = _finding(con, ctx, run, params, s, graph_launches, others, largest, sites)
-                yield quality.qualify(ctx, finding, _USES)
+        for s, others in chosen.get(run.run_id, []):
+            largest, sites = details[run.run_id, s.device, s.stream]
+            finding = _finding(con, ctx, run, params, s, graph_launches, others, largest, sites)
+            yield quality.qualify(ctx, finding, _USES)
         if run.run_id not in launched:
             yield DataQuality(
                 "G001",

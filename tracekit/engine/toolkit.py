@@ -193,9 +193,6 @@ class Context:
         name = self.thread_name(run_id, pid, tid) if pid is not None and tid is not None else None
         return {"pid": pid, "tid": tid, "thread_name": name}
 
-    def pid_of(self, event_id: int) -> int | None:
-        return self.pids_of([event_id]).get(event_id)
-
     def pids_of(self, event_ids) -> dict[int, int | None]:
         """The process of each event (None skipped), by rowid."""
         return dict(self._rows_by_id(sorted({int(e) for e in event_ids if e is not None}), "pid"))
@@ -267,10 +264,6 @@ class Context:
             [run_id, limit],
         ).fetchall()
 
-    def ancestors(self, event_id: int, limit: int = 64) -> list[Ancestor]:
-        """The event's ancestors, nearest first."""
-        return self.ancestors_of([event_id], limit)[event_id]
-
     def ancestors_of(self, event_ids, limit: int = 64) -> dict[int, list[Ancestor]]:
         """Each event's ancestors, nearest first (at most `limit`), by rowid lookups one level at a
         time for every event together (a recursive CTE would join the whole table once per level)."""
@@ -305,13 +298,9 @@ class Context:
             f"SELECT rowid, {columns} FROM event_rows WHERE rowid IN (SELECT unnest(?::BIGINT[]))", [rowids]
         ).fetchall()
 
-    def enclosing_op(self, event_id: int | None, outermost: bool = False) -> Op | None:
-        """The nearest (or outermost) cpu_op above an event, with its input dims.
-        ProfilerStep#N, a cpu_op in old traces, is a step, not an op."""
-        return self.enclosing_ops([event_id], outermost).get(event_id) if event_id is not None else None
-
     def enclosing_ops(self, event_ids, outermost: bool = False) -> dict[int, Op | None]:
-        """`enclosing_op` of each event (None skipped), their lookups made together."""
+        """The nearest (or outermost) cpu_op above each event (None skipped), with its input dims, their
+        lookups made together. ProfilerStep#N, a cpu_op in old traces, is a step, not an op."""
         chosen: dict[int, Ancestor | None] = {}
         for event_id, chain in self.ancestors_of(e for e in event_ids if e is not None).items():
             ops = [a for a in chain if a.kind == "cpu_op" and not a.name.startswith("ProfilerStep#")]
